@@ -1,0 +1,635 @@
+"""Cross-entropy loss (mean over rows) in one CUDA launch: KernelBench level 1, problem 95.
+
+ModelNew()(logits, targets) equals cross_entropy(logits, targets) with PyTorch's defaults
+(mean reduction, ignore_index -100) for float32, bfloat16 and float16 logits of shape (N, C) or
+(C,) and int64 or int32 class-index targets. The result is a 0-dim tensor of the logits' dtype.
+
+How: one kernel reads every logit once and writes nothing of size N x C. Each row is reduced
+online to (max, sum of exp) in fp32 while the target logit is picked up on the way; each CTA sums
+its rows' losses in a fixed order and the last CTA to finish sums the CTAs' partials, also in a
+fixed order, and divides. So the mean comes out of the same launch, with no memset, no second
+kernel, no host synchronization and no float atomics: the same bits on every run.
+
+Where to look: _CUDA_SRC holds the kernel (its header comment gives the algorithm), _plan is
+the launch policy, _cross_entropy_mean the dispatch, ModelNew the module the harness loads.
+
+A target outside [0, C) other than -100 makes the result NaN. Set CROSS_ENTROPY_CHECK_TARGETS=1
+(or build ModelNew(check_targets=True)) to get a ValueError naming the first bad row instead;
+the check costs a host synchronization, so it is off by default.
+"""
+import functools
+import inspect
+import os
+from typing import NamedTuple
+
+import torch
+from torch.utils.cpp_extension import load_inline
+
+_CUDA_SRC = r"""
+// Cross-entropy, mean reduction, fused into one launch.
+//
+// Fused: max, sum of exp, log, the target gather, the per-row loss, the sum over rows and the
+// division by the number of counted rows. Eager PyTorch writes log_softmax (N x C) and reads it
+// back; here the logits are read once and only a few bytes per CTA are written, so the kernel
+// runs at the speed of one streaming read of the logits.
+//
+// Per row: loss = log(sum_j exp(x_j - m)) - (x_t - m), with m the row max (PyTorch's own
+// formulation: it stays exact for huge logits). Rows whose target is -100 are skipped and not
+// counted; a target outside [0, C) yields NaN.
+//
+// Work decomposition (the host's _plan chooses splits, group and grid):
+//   item  : a row, or one of `splits` segments of a row when rows are too few to fill the GPU;
+//   group : `group` consecutive threads (a power of two) that reduce one item together;
+//   CTA b : a contiguous range of items, taken round-robin by its groups.
+// Whole rows give their loss to the group leader, which keeps a running sum; segments leave an
+// (m, s, x_t) triple that the last CTA merges. The last CTA is found with one counter that
+// atomicInc returns to zero by itself, so the workspace needs zeroing once, at allocation.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <cuda_runtime.h>
+
+namespace {
+
+constexpr int kThreads = CE_THREADS;         // threads per CTA, shared with the host policy
+constexpr int kCtasPerSm = CE_CTAS_PER_SM;   // resident CTAs per SM: caps registers per thread
+constexpr int kBatch = 8;                    // 16-byte loads in flight per thread before first use
+constexpr int kWarps = kThreads / 32;
+constexpr long long kIgnoreIndex = -100;     // PyTorch's default ignore_index
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Params {
+  const void* logits;
+  const void* targets;
+  void* out;                   // one element of the logits' dtype
+  unsigned int* counter;       // CTAs that finished, modulo gridDim.x
+  float2* cta_partials;        // per CTA: (sum of losses, count as bits)
+  float4* seg_partials;        // per item when splits > 1: (m, s, x_t, unused)
+  long long rows, cols, row_stride, target_stride;
+  long long items;             // rows * splits
+  int splits, seg_len, group;
+};
+
+// ------------------------------------------------------------------ element formats
+// Each format turns the words of a 16-byte vector, or one scalar, into floats, and stores the
+// result. Conversions are spelled in PTX so the file needs no fp16 headers.
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ float half_bits_to_float(uint32_t bits) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(static_cast<unsigned short>(bits)));
+  return f;
+}
+
+struct F32 {
+  using Storage = float;
+  static constexpr int kPerVec = 4;
+  static constexpr uint32_t kNegInfWord = 0xff800000u;
+  __device__ static float at(const uint4& v, int i) { return __uint_as_float(word(v, i)); }
+  __device__ static uint32_t max2(uint32_t a, uint32_t b) { return __float_as_uint(fmaxf(__uint_as_float(a), __uint_as_float(b))); }
+  __device__ static float word_max(uint32_t w) { return __uint_as_float(w); }
+  __device__ static float load(const Storage* p) { return __ldg(p); }
+  __device__ static void store(void* out, float v) { *static_cast<float*>(out) = v; }
+};
+
+struct BF16 {
+  using Storage = unsigned short;
+  static constexpr int kPerVec = 8;
+  static constexpr uint32_t kNegInfWord = 0xff80ff80u;
+  __device__ static float at(const uint4& v, int i) {
+    const uint32_t w = word(v, i >> 1);
+    return __uint_as_float((i & 1) ? (w & 0xffff0000u) : (w << 16));
+  }
+  __device__ static uint32_t max2(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+  }
+  __device__ static float word_max(uint32_t w) { return fmaxf(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u)); }
+  __device__ static float load(const Storage* p) { return __uint_as_float(uint32_t(__ldg(p)) << 16); }
+  __device__ static void store(void* out, float v) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    *static_cast<unsigned short*>(out) = h;
+  }
+};
+
+struct F16 {
+  using Storage = unsigned short;
+  static constexpr int kPerVec = 8;
+  static constexpr uint32_t kNegInfWord = 0xfc00fc00u;
+  __device__ static float at(const uint4& v, int i) {
+    const uint32_t w = word(v, i >> 1);
+    return half_bits_to_float((i & 1) ? (w >> 16) : (w & 0xffffu));
+  }
+  __device__ static uint32_t max2(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+  }
+  __device__ static float word_max(uint32_t w) { return fmaxf(half_bits_to_float(w & 0xffffu), half_bits_to_float(w >> 16)); }
+  __device__ static float load(const Storage* p) { return half_bits_to_float(__ldg(p)); }
+  __device__ static void store(void* out, float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    *static_cast<unsigned short*>(out) = h;
+  }
+};
+
+// ------------------------------------------------------------------ streaming loads
+// A plain 16-byte global load. Measured on the H100 (bench/PERF.md): the read-only path (.nc)
+// and every eviction hint tried (L2::evict_first, L1::no_allocate, L1::evict_first) made a
+// streaming read of 512 MiB 3% slower.
+__device__ __forceinline__ uint4 load_vec(const uint4* p) { return *p; }
+
+// ------------------------------------------------------------------ online log-sum-exp
+// (m, s): the largest value seen and the sum of exp(x - m) over the values seen.
+struct Lse {
+  float m, s;
+};
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The exponent's base: 0 while every value seen is -inf, so that those values contribute
+// exp(-inf) = 0 instead of exp(-inf + inf) = NaN. NaN logits still reach the sum (fmaxf skips
+// them, exp does not), and +inf gives NaN through inf - inf, both as in PyTorch.
+__device__ __forceinline__ float safe_base(float m) { return m == -INFINITY ? 0.f : m; }
+
+__device__ __forceinline__ Lse lse_merge(Lse a, Lse b) {
+  const float m = fmaxf(a.m, b.m);
+  const float base = safe_base(m);
+  return {m, a.s * exp2_approx((a.m - base) * kLog2e) + b.s * exp2_approx((b.m - base) * kLog2e)};
+}
+
+__device__ __forceinline__ Lse lse_add(Lse st, float x) { return lse_merge(st, {x, 1.f}); }
+
+// One batch of vectors: one rescale of the running sum, then one exp per element. x - base comes
+// first and the multiply by log2(e) second: folding both into one FMA loses the exactness of
+// x - m near the max, which matters for logits of large magnitude.
+// The max runs on the stored words (packed pairs for 16-bit formats), so no unpacked copy of the
+// batch stays live across the two passes.
+template <class E>
+__device__ __forceinline__ Lse lse_add_batch(Lse st, const uint4 (&buf)[kBatch]) {
+  uint4 mx = buf[0];
+#pragma unroll
+  for (int u = 1; u < kBatch; ++u) {
+    mx.x = E::max2(mx.x, buf[u].x);
+    mx.y = E::max2(mx.y, buf[u].y);
+    mx.z = E::max2(mx.z, buf[u].z);
+    mx.w = E::max2(mx.w, buf[u].w);
+  }
+  const float m = fmaxf(st.m, E::word_max(E::max2(E::max2(mx.x, mx.y), E::max2(mx.z, mx.w))));
+  const float base = safe_base(m);
+  float s0 = st.s * exp2_approx((st.m - base) * kLog2e), s1 = 0.f;
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+    for (int i = 0; i < E::kPerVec; i += 2) {
+      s0 += exp2_approx((E::at(buf[u], i) - base) * kLog2e);
+      s1 += exp2_approx((E::at(buf[u], i + 1) - base) * kLog2e);
+    }
+  return {m, s0 + s1};
+}
+
+// log_softmax(x)[t] = x_t - m - log(s); all -inf rows give NaN (-inf - -inf), as in PyTorch.
+__device__ __forceinline__ float row_loss(Lse st, float x_target) {
+  return logf(st.s) - (x_target - st.m);
+}
+
+// ------------------------------------------------------------------ reductions
+// Butterfly over `width` lanes (a power of two <= 32): every lane ends with the merged state.
+// Merging is commutative bit for bit, so all lanes agree and the result never depends on timing.
+__device__ __forceinline__ void lse_reduce_lanes(Lse& st, int width) {
+  for (int offset = width >> 1; offset > 0; offset >>= 1)
+    st = lse_merge(st, {__shfl_xor_sync(0xffffffffu, st.m, offset), __shfl_xor_sync(0xffffffffu, st.s, offset)});
+}
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Fixed-order sum over the CTA; the total is valid in thread 0. Every thread must call it.
+template <class T>
+__device__ T cta_sum(T v, T* scratch) {
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  T total = 0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kWarps; ++w) total += scratch[w];
+  __syncthreads();
+  return total;
+}
+
+__device__ __forceinline__ void group_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ------------------------------------------------------------------ one item
+// Folds columns [0, len) of `seg` into this thread's (m, s). The 16-byte-aligned body streams
+// through kBatch vectors per thread; the few elements before the first 16-byte boundary and after
+// the last are read one by one, so any start address and row stride work, at full speed wherever
+// rows are aligned.
+template <class E>
+__device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, int len, int lane, int group) {
+  Lse st = {-INFINITY, 0.f};
+  const int misalign = int(reinterpret_cast<uintptr_t>(seg) & 15) / int(sizeof(typename E::Storage));
+  const int head = min(misalign ? E::kPerVec - misalign : 0, len);
+  const int nvec = (len - head) / E::kPerVec;
+  const int tail = head + nvec * E::kPerVec;
+  for (int e = lane; e < head + (len - tail); e += group) st = lse_add(st, E::load(seg + (e < head ? e : tail + (e - head))));
+
+  const uint4* body = reinterpret_cast<const uint4*>(seg + head);
+  uint4 buf[kBatch];
+  int v0 = lane;
+  // Full batches: no bounds checks, so no predicate per load.
+  for (; v0 + (kBatch - 1) * group < nvec; v0 += kBatch * group) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) buf[u] = load_vec(body + v0 + u * group);
+    st = lse_add_batch<E>(st, buf);
+  }
+  // The last, partial batch: missing vectors read as -inf, which adds nothing.
+  if (v0 < nvec) {
+    const uint4 neg_inf = make_uint4(E::kNegInfWord, E::kNegInfWord, E::kNegInfWord, E::kNegInfWord);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int v = v0 + u * group;
+      buf[u] = v < nvec ? load_vec(body + v) : neg_inf;
+    }
+    st = lse_add_batch<E>(st, buf);
+  }
+  return st;
+}
+
+// ------------------------------------------------------------------ the kernel
+template <class E, class Target>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kernel(const Params p) {
+  __shared__ float2 warp_state[2][kWarps];  // (m, s) per warp, by round parity
+  __shared__ float sum_scratch[kWarps];
+  __shared__ unsigned int count_scratch[kWarps];
+  __shared__ double final_sum_scratch[kWarps];
+  __shared__ unsigned long long final_count_scratch[kWarps];
+  __shared__ bool is_last_cta;
+
+  const int group = p.group;
+  const int lane = threadIdx.x & (group - 1);
+  const int group_id = threadIdx.x / group;
+  const int groups = kThreads / group;
+  const bool leader = lane == 0;
+  const Target* targets = static_cast<const Target*>(p.targets);
+  const auto* logits = static_cast<const typename E::Storage*>(p.logits);
+
+  // Round r gives group g of CTA b the item (r * gridDim.x + b) * groups + g: each round the whole
+  // grid sweeps one contiguous stretch of the tensor (measured 4% faster than giving each CTA a
+  // contiguous block), and every CTA still sums its own items in a fixed order.
+  const int per_round = gridDim.x * groups;
+  const int rounds = int((p.items + per_round - 1) / per_round);  // the same for every thread
+  const int first_item = blockIdx.x * groups + group_id;
+
+  float loss_sum = 0.f;    // leaders only: this group's rows, in order
+  unsigned int count = 0;  // leaders only: rows whose target is not ignore_index
+
+  // Targets are loaded one round ahead, so a row's stream never waits on its target's load.
+  auto row_of = [&](long long item) { return p.splits == 1 ? item : item / p.splits; };
+  auto load_target = [&](long long item) {
+    return item < p.items ? (long long)targets[row_of(item) * p.target_stride] : kIgnoreIndex;
+  };
+  long long next_target = load_target(first_item);
+
+  for (int round = 0; round < rounds; ++round) {
+    const long long item = first_item + (long long)round * per_round;
+    const bool has_item = item < p.items;
+    const long long target = next_target;
+    next_target = load_target(item + per_round);
+    Lse st = {-INFINITY, 0.f};
+    float x_target = 0.f;  // leader only; stays 0 in segments without the target column
+    // Ignored and out-of-range targets need no logits: the row is skipped or yields NaN.
+    if (has_item && target >= 0 && target < p.cols) {
+      const long long row = row_of(item);
+      const long long c0 = (item - row * p.splits) * (long long)p.seg_len;
+      const auto* seg = logits + row * p.row_stride + c0;
+      const int len = int(min((long long)p.seg_len, p.cols - c0));
+      // Issued before the stream, so its latency hides behind it; the stream then finds this
+      // sector in L2, so HBM still sees each logit once.
+      if (leader && target >= c0 && target < c0 + len) x_target = E::load(seg + (target - c0));
+      st = reduce_segment<E>(seg, len, lane, group);
+    }
+
+    // The group's merged state, complete in its leader.
+    if (group <= 32) {
+      lse_reduce_lanes(st, group);
+    } else {
+      lse_reduce_lanes(st, 32);
+      const int warp = threadIdx.x >> 5, warps_per_group = group >> 5;
+      if ((threadIdx.x & 31) == 0) warp_state[round & 1][warp] = make_float2(st.m, st.s);
+      group_barrier(1 + group_id, group);
+      if (leader)
+        for (int w = 1; w < warps_per_group; ++w) {
+          const float2 o = warp_state[round & 1][warp + w];
+          st = lse_merge(st, {o.x, o.y});
+        }
+    }
+
+    if (leader && has_item) {
+      if (p.splits == 1) {
+        if (target != kIgnoreIndex) {
+          loss_sum += (target >= 0 && target < p.cols) ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
+          ++count;
+        }
+      } else {
+        p.seg_partials[item] = make_float4(st.m, st.s, x_target, 0.f);
+      }
+    }
+  }
+
+  // This CTA's partial, then the arrival that elects the last CTA.
+  const float cta_loss = cta_sum(leader ? loss_sum : 0.f, sum_scratch);
+  const unsigned int cta_count = cta_sum(leader ? count : 0u, count_scratch);
+  if (threadIdx.x == 0) p.cta_partials[blockIdx.x] = make_float2(cta_loss, __uint_as_float(cta_count));
+  __threadfence();  // every writer: partials visible device-wide before the counter moves
+  __syncthreads();
+  if (threadIdx.x == 0) is_last_cta = atomicInc(p.counter, gridDim.x - 1) == gridDim.x - 1;
+  __syncthreads();
+  if (!is_last_cta) return;
+  __threadfence();  // the other CTAs' partials, before reading them
+
+  double total = 0.0;
+  unsigned long long counted = 0;
+  if (p.splits == 1) {
+    for (int b = threadIdx.x; b < gridDim.x; b += kThreads) {
+      const float2 q = __ldcg(p.cta_partials + b);
+      total += q.x;
+      counted += __float_as_uint(q.y);
+    }
+  } else {
+    for (long long row = threadIdx.x; row < p.rows; row += kThreads) {
+      const long long target = (long long)targets[row * p.target_stride];
+      if (target == kIgnoreIndex) continue;
+      ++counted;
+      if (target < 0 || target >= p.cols) {
+        total += __int_as_float(0x7fc00000);
+        continue;
+      }
+      Lse st = {-INFINITY, 0.f};
+      float x_target = 0.f;
+      for (int s = 0; s < p.splits; ++s) {
+        const float4 q = __ldcg(p.seg_partials + row * p.splits + s);
+        st = lse_merge(st, {q.x, q.y});
+        x_target += q.z;
+      }
+      total += row_loss(st, x_target);
+    }
+  }
+  total = cta_sum(total, final_sum_scratch);
+  counted = cta_sum(counted, final_count_scratch);
+  if (threadIdx.x == 0) E::store(p.out, float(total / double(counted)));  // 0 rows: 0/0 = NaN
+}
+
+template <class E, class Target>
+void launch_typed(const Params& p, int grid, cudaStream_t stream) {
+  cross_entropy_mean_kernel<E, Target><<<grid, kThreads, 0, stream>>>(p);
+}
+
+template <class E>
+void launch_for_targets(const Params& p, int target_bytes, int grid, cudaStream_t stream) {
+  if (target_bytes == 8) launch_typed<E, long long>(p, grid, stream);
+  else launch_typed<E, int>(p, grid, stream);
+}
+
+}  // namespace
+
+// dtype: 0 float32, 1 bfloat16, 2 float16. Pointers and the stream come from Python as integers.
+void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t counter,
+                               uintptr_t cta_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
+                               int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
+                               int64_t splits, int64_t seg_len, int64_t group, int64_t grid, int64_t device,
+                               uintptr_t stream) {
+  Params p;
+  p.logits = reinterpret_cast<const void*>(logits);
+  p.targets = reinterpret_cast<const void*>(targets);
+  p.out = reinterpret_cast<void*>(out);
+  p.counter = reinterpret_cast<unsigned int*>(counter);
+  p.cta_partials = reinterpret_cast<float2*>(cta_partials);
+  p.seg_partials = reinterpret_cast<float4*>(seg_partials);
+  p.rows = rows;
+  p.cols = cols;
+  p.row_stride = row_stride;
+  p.target_stride = target_stride;
+  p.items = rows * splits;
+  p.splits = int(splits);
+  p.seg_len = int(seg_len);
+  p.group = int(group);
+
+  int previous = 0;
+  cudaGetDevice(&previous);
+  if (previous != device) cudaSetDevice(int(device));
+  const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  if (dtype == 0) launch_for_targets<F32>(p, int(target_bytes), int(grid), s);
+  else if (dtype == 1) launch_for_targets<BF16>(p, int(target_bytes), int(grid), s);
+  else launch_for_targets<F16>(p, int(target_bytes), int(grid), s);
+  const cudaError_t err = cudaGetLastError();
+  if (previous != device) cudaSetDevice(previous);
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string("cross-entropy kernel launch failed: ") + cudaGetErrorString(err));
+}
+"""
+
+_CPP_SRC = r"""
+#include <pybind11/pybind11.h>
+#include <cstdint>
+
+void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t counter,
+                               uintptr_t cta_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
+                               int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
+                               int64_t splits, int64_t seg_len, int64_t group, int64_t grid, int64_t device,
+                               uintptr_t stream);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("launch", &launch_cross_entropy_mean, "Launch the fused cross-entropy-mean kernel (raw pointers).");
+}
+"""
+
+# ---------------------------------------------------------------------------------------------
+# Launch policy: the one place that decides the launch shape.
+_THREADS = 256          # threads per CTA (the kernel's kThreads)
+_CTAS_PER_SM = 3        # resident CTAs per SM (the kernel's launch bounds): 768 threads, 85 registers each
+_VECS_PER_THREAD = 16   # 16-byte vectors each thread of a group streams per item
+_MAX_SEG = 1 << 30      # in-segment column indices are 32-bit
+_IGNORE_INDEX = -100
+
+
+class _Plan(NamedTuple):
+    grid: int    # CTAs
+    group: int   # threads per item
+    splits: int  # segments per row
+    seg_len: int # columns per segment (a multiple of the vector width)
+
+
+def _pow2_at_least(x):
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=512)
+def _plan(rows, cols, elem_bytes, num_sms):
+    """Launch shape for an (rows, cols) problem with elem_bytes-wide logits on num_sms SMs."""
+    per_vec = 16 // elem_bytes
+    max_grid = num_sms * _CTAS_PER_SM
+    row_vecs = -(-cols // per_vec)
+    splits = -(-cols // _MAX_SEG)
+    # Fewer rows than CTAs: cut each row into segments so that every SM streams, as long as a
+    # segment stays at least two vectors per thread of a CTA.
+    if 0 < rows < max_grid:
+        splits = max(splits, min(max_grid // rows, row_vecs // (2 * _THREADS)))
+    seg_len = -(-cols // splits)
+    seg_len = -(-seg_len // per_vec) * per_vec
+    splits = max(1, -(-cols // seg_len))
+    items = rows * splits
+    if splits > 1:
+        # Segments are few and long: a whole CTA on each, one CTA per segment.
+        return _Plan(min(max_grid, items), _THREADS, splits, seg_len)
+    seg_vecs = -(-seg_len // per_vec)
+    group = min(_THREADS, _pow2_at_least(-(-seg_vecs // _VECS_PER_THREAD)))
+    # Enough CTAs for the groups the rows need, and at least one per SM while rows last.
+    grid = max(-(-items // (_THREADS // group)), min(items, num_sms))
+    return _Plan(max(1, min(max_grid, grid)), group, splits, seg_len)
+
+
+def _workspace_layout(plan):
+    """Byte offsets of (counter, CTA partials, segment partials) and the total size."""
+    cta_off = 16
+    seg_off = cta_off + 16 * (-(-plan.grid * 8 // 16))
+    return cta_off, seg_off
+
+
+# ---------------------------------------------------------------------------------------------
+# Build: at import, for the GPU that is present; nvcc sees no torch headers, which keeps a cold
+# build short.
+def _nvcc_flags(arch_flags):
+    return ["-O3", "-std=c++17", f"-DCE_THREADS={_THREADS}", f"-DCE_CTAS_PER_SM={_CTAS_PER_SM}", *arch_flags]
+
+
+def _load_extension():
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        raise RuntimeError(f"the cross-entropy kernel needs compute capability 8.0 or newer; this GPU has {major}.{minor}")
+    arch = f"{major}{minor}"
+    options = {}
+    if "no_implicit_headers" in inspect.signature(load_inline).parameters:
+        options["no_implicit_headers"] = True
+    return load_inline(
+        name=f"kb95_cross_entropy_sm{arch}",
+        cpp_sources=[_CPP_SRC],
+        cuda_sources=[_CUDA_SRC],
+        extra_cflags=["-O2"],
+        extra_cuda_cflags=_nvcc_flags([f"-gencode=arch=compute_{arch},code=sm_{arch}"]),
+        verbose=False,
+        **options,
+    )
+
+
+_ext = _load_extension()
+
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_TARGET_DTYPES = (torch.int64, torch.int32)
+_workspaces = {}  # (device index, stream) -> int32 tensor; its counter is always back at zero
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index):
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _workspace(device, stream, nbytes):
+    """Scratch for one launch: per stream, so concurrent streams never share a counter."""
+    key = (device.index, stream.cuda_stream)
+    ws = _workspaces.get(key)
+    if ws is not None and ws.numel() * 4 >= nbytes:
+        return ws
+    # Zeroed once here; every launch leaves the counter at zero again. Inside graph capture the
+    # zeroing becomes part of the graph, and the buffer lives only as long as the graph needs it.
+    ws = torch.zeros(-(-nbytes // 4), dtype=torch.int32, device=device)
+    if not torch.cuda.is_current_stream_capturing():
+        _workspaces[key] = ws
+    return ws
+
+
+def _check_inputs(logits, targets):
+    if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise TypeError("cross_entropy expects two tensors: logits and class-index targets")
+    if logits.dtype not in _DTYPE_CODES:
+        raise TypeError(f"logits must be float32, bfloat16 or float16; got {logits.dtype}")
+    if targets.dtype.is_floating_point:
+        raise TypeError("targets must be int64 or int32 class indices; "
+                        f"got {targets.dtype} (class-probability targets are not supported)")
+    if targets.dtype not in _TARGET_DTYPES:
+        raise TypeError(f"targets must be int64 or int32 class indices; got {targets.dtype}")
+    if logits.device.type != "cuda" or targets.device.type != "cuda":
+        raise ValueError(f"logits and targets must be CUDA tensors; got {logits.device} and {targets.device}")
+    if logits.device != targets.device:
+        raise ValueError(f"logits and targets are on different devices: {logits.device} and {targets.device}")
+    if logits.dim() not in (1, 2):
+        raise ValueError(f"logits must have shape (N, C) or (C,); got {tuple(logits.shape)}")
+    if targets.dim() != logits.dim() - 1:
+        raise ValueError(f"targets must have shape (N,) for logits (N, C), or () for logits (C,); "
+                         f"got {tuple(targets.shape)} for {tuple(logits.shape)}")
+    if logits.dim() == 2 and targets.shape[0] != logits.shape[0]:
+        raise ValueError(f"batch sizes differ: logits have {logits.shape[0]} rows, targets {targets.shape[0]}")
+    if logits.shape[-1] == 0:
+        raise ValueError("logits have no classes (C = 0)")
+    if _ext is None:
+        raise RuntimeError("the cross-entropy extension was not built: no CUDA device was visible at import")
+
+
+def _first_bad_target(targets, cols):
+    """Raises ValueError naming the first row whose target is outside [0, C) and not -100."""
+    bad = (targets != _IGNORE_INDEX) & ((targets < 0) | (targets >= cols))
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(f"targets[{row}] = {int(targets[row])} is outside [0, {cols}) "
+                         f"and is not the ignore index {_IGNORE_INDEX}")
+
+
+def _cross_entropy_mean(logits, targets, check_targets=False):
+    _check_inputs(logits, targets)
+    if logits.dim() == 1:
+        logits, targets = logits.unsqueeze(0), targets.reshape(1)
+    if logits.stride(1) != 1 and logits.shape[1] > 1:
+        logits = logits.contiguous()  # the kernel streams along rows; columns must be adjacent
+    rows, cols = logits.shape
+    if check_targets:
+        _first_bad_target(targets, cols)
+    device = logits.device
+    plan = _plan(rows, cols, logits.element_size(), _num_sms(device.index))
+    cta_off, seg_off = _workspace_layout(plan)
+    seg_bytes = 16 * rows * plan.splits if plan.splits > 1 else 0
+    stream = torch.cuda.current_stream(device)
+    ws = _workspace(device, stream, seg_off + seg_bytes)
+    base = ws.data_ptr()
+    out = torch.empty((), dtype=logits.dtype, device=device)
+    _ext.launch(logits.data_ptr(), targets.data_ptr(), out.data_ptr(), base, base + cta_off, base + seg_off,
+                rows, cols, logits.stride(0), targets.stride(0) if rows else 1,
+                _DTYPE_CODES[logits.dtype], targets.element_size(),
+                plan.splits, plan.seg_len, plan.group, plan.grid, device.index, stream.cuda_stream)
+    return out
+
+
+class ModelNew(torch.nn.Module):
+    """Mean cross-entropy over rows, computed by one fused CUDA kernel (forward only)."""
+
+    def __init__(self, check_targets=None):
+        super().__init__()
+        if check_targets is None:
+            check_targets = os.environ.get("CROSS_ENTROPY_CHECK_TARGETS", "0") not in ("", "0")
+        self.check_targets = bool(check_targets)
+
+    def forward(self, predictions, targets):
+        return _cross_entropy_mean(predictions, targets, self.check_targets)
