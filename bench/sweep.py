@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Effective bandwidth of ModelNew, eager, torch.compile and a plain streaming read, over shapes.
+
+    python bench/sweep.py [--shapes 32768x4096,16x256000] [--dtypes float32,bfloat16] [--out bench/results/h100_sweep]
+
+Every figure is KernelBench's cuda_event method (3 warm-ups, 256 MB L2 flush before each trial,
+1 discarded + N timed trials, mean). Writes a table to stdout, OUT.json (a list of rows: N, C,
+dtype, impl, mean_ms, ...) and, where matplotlib is installed, OUT.png.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import run_eval  # noqa: E402
+
+SHAPES = [(32768, 4096), (4096, 32000), (8192, 50257), (8192, 128256), (16, 256000), (1000000, 10),
+          (65536, 1000), (1, 4096), (4096, 129)]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+IMPLS = ("model_new", "eager", "compile", "floor")
+
+
+def reference_loss(x, t):
+    return torch.nn.functional.cross_entropy(x, t)
+
+
+def measure(n, c, dtype_name, trials, floor_fn, model_new):
+    dtype = DTYPES[dtype_name]
+    device = torch.device("cuda")
+    x = torch.randn(n, c, device=device).to(dtype)
+    t = torch.randint(0, c, (n,), device=device)
+    nbytes = x.numel() * x.element_size()
+    torch._dynamo.reset()  # a fresh compile for each shape, as KernelBench compiles each problem
+    fns = {"model_new": model_new, "eager": reference_loss,
+           "compile": torch.compile(reference_loss, backend="inductor", mode="default", dynamic=False),
+           "floor": floor_fn}
+    err = (model_new(x, t).double() - reference_loss(x.double(), t)).abs().item()
+    rows = []
+    for impl in IMPLS:
+        times = run_eval.time_cuda_event(fns[impl], [x, t], device, trials=trials)
+        stats = run_eval.timing_stats(times)
+        rows.append({"N": n, "C": c, "dtype": dtype_name, "impl": impl, "mean_ms": stats["mean_exact"],
+                     "std_ms": stats["std"], "min_ms": stats["min"], "max_ms": stats["max"],
+                     "trials": len(times), "bytes": nbytes, "tbps": nbytes / (stats["mean_exact"] * 1e-3) / 1e12,
+                     "abs_err_vs_fp64": err if impl == "model_new" else None})
+    del x, t
+    torch.cuda.empty_cache()
+    return rows
+
+
+def table(rows):
+    by = {}
+    for r in rows:
+        by.setdefault((r["N"], r["C"], r["dtype"]), {})[r["impl"]] = r
+    lines = [f"{'N x C':>16s} {'dtype':>9s} {'MiB':>7s} | {'ModelNew':>9s} {'eager':>8s} {'compile':>8s} {'floor':>8s}"
+             f" | {'TB/s':>5s} {'%floor':>6s} {'x eager':>7s} {'x comp':>6s}"]
+    for (n, c, d), r in by.items():
+        m, e, k, f = (r[i]["mean_ms"] for i in IMPLS)
+        lines.append(f"{f'{n} x {c}':>16s} {d:>9s} {r['model_new']['bytes'] / 2**20:7.1f} | {m:9.4f} {e:8.4f} {k:8.4f} {f:8.4f}"
+                     f" | {r['model_new']['tbps']:5.2f} {100 * f / m:6.1f} {e / m:7.2f} {k / m:6.2f}")
+    return "\n".join(lines)
+
+
+def plot(rows, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    keys = []
+    for r in rows:
+        if (r["N"], r["C"], r["dtype"]) not in keys:
+            keys.append((r["N"], r["C"], r["dtype"]))
+    fig, ax = plt.subplots(figsize=(max(10, 0.55 * len(keys)), 5))
+    width = 0.2
+    for j, impl in enumerate(IMPLS):
+        vals = [next(r["tbps"] for r in rows if (r["N"], r["C"], r["dtype"]) == k and r["impl"] == impl) for k in keys]
+        ax.bar([i + (j - 1.5) * width for i in range(len(keys))], vals, width, label=impl)
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([f"{n}x{c}\n{d}" for n, c, d in keys], rotation=90, fontsize=7)
+    ax.set_ylabel("effective TB/s (logit bytes / mean time)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", help="comma-separated NxC (default: the full sweep)")
+    ap.add_argument("--dtypes", default=",".join(DTYPES))
+    ap.add_argument("--trials", type=int, default=100)
+    ap.add_argument("--out", default=None, help="path prefix for .json and .png (default: no files)")
+    ap.add_argument("--plot-only", action="store_true", help="redraw OUT.png from OUT.json")
+    args = ap.parse_args(argv)
+    if args.plot_only:
+        with open(args.out + ".json") as f:
+            rows = json.load(f)
+        plot(rows, args.out + ".png", "cross-entropy forward, mean reduction")
+        return 0
+
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    import model_new
+    model = model_new.ModelNew()
+    floor_fn = run_eval.stream_read_fn(torch.device("cuda"))
+    rows = []
+    for n, c in shapes:
+        for d in args.dtypes.split(","):
+            rows += measure(n, c, d, args.trials, floor_fn, model)
+            print(table([r for r in rows if (r["N"], r["C"], r["dtype"]) == (n, c, d)]).split("\n")[-1], flush=True)
+    device = torch.cuda.get_device_name()
+    print(f"\n{device} | torch {torch.__version__} | KernelBench cuda_event timing, mean of {args.trials}")
+    print(table(rows))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        for r in rows:
+            r.update(device=device, torch=torch.__version__)
+        with open(args.out + ".json", "w") as f:
+            json.dump(rows, f, indent=1)
+        try_plot = True
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            try_plot = False
+            print("matplotlib not installed: no plot (run again with --plot-only where it is)")
+        if try_plot:
+            plot(rows, args.out + ".png", f"cross-entropy forward, mean reduction: {device}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

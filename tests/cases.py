@@ -1,0 +1,45 @@
+"""Inputs shared by the GPU tests and the compute-sanitizer run: fresh random values every call."""
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# (rows, cols): the headline shape, widths that are not a multiple of any vector width, rows split
+# across CTAs (16 x 256000), one row, one class, and small rows handled by one thread each.
+SHAPES = [(32768, 4096), (4096, 129), (1000, 10), (257, 4099), (16, 256000), (3, 100003),
+          (1, 4096), (1, 1), (5, 1), (2, 3), (0, 17)]
+
+
+def logits(rows, cols, dtype, device="cuda", scale=4.0):
+    return (torch.randn(rows, cols, device=device) * scale).to(dtype)
+
+
+def targets(rows, cols, dtype=torch.int64, device="cuda"):
+    return torch.randint(0, cols, (rows,), device=device, dtype=dtype)
+
+
+def views(rows, cols, dtype, device="cuda"):
+    """(name, tensor) pairs: logits that are not plain contiguous (rows, cols) tensors."""
+    base = logits(rows + 1, cols + 3, dtype, device)
+    return [
+        ("unaligned start", base[:rows, 1:cols + 1]),   # first element off the 16-byte grid, stride C+3
+        ("padded rows", base[:rows, :cols]),            # aligned start, row stride C+3
+        ("offset rows", base[1:, :cols]),
+        ("transposed", logits(cols, rows, dtype, device).t()),  # columns not adjacent
+    ]
+
+
+def reference(x, t, ignore_index=-100):
+    """float64 mean cross-entropy, a block at a time (so N*C > 2^31 fits in memory)."""
+    total, count = torch.zeros((), dtype=torch.float64, device=x.device), 0
+    row_block = max(1, 2**24 // max(1, x.shape[1]))
+    for r0 in range(0, x.shape[0], row_block):
+        xr, tr = x[r0:r0 + row_block], t[r0:r0 + row_block].long()
+        keep = tr != ignore_index
+        xr, tr = xr[keep], tr[keep]
+        # log-sum-exp over column blocks, merged in float64
+        lse = torch.stack([torch.logsumexp(xr[:, c0:c0 + 2**26].double(), dim=1)
+                           for c0 in range(0, max(1, xr.shape[1]), 2**26)], dim=1)
+        lse = torch.logsumexp(lse, dim=1)
+        total += (lse - xr.gather(1, tr.unsqueeze(1)).squeeze(1).double()).sum()
+        count += int(keep.sum())
+    return total / count

@@ -1,0 +1,99 @@
+"""run_eval's logic, on the CPU: loading, seeds, input handling, comparison, statistics, report."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import run_eval
+from conftest import ROOT, read
+
+REF = read("reference.py")
+
+# A CPU stand-in for a submission: it must see the reference's names, as KernelBench's exec does.
+ECHO_SUBMISSION = """
+import torch
+class ModelNew(torch.nn.Module):
+    def forward(self, predictions, targets):
+        return Model()(predictions, targets)
+seen_batch_size = batch_size
+"""
+
+
+def test_load_problem_shares_one_namespace():
+    ctx = run_eval.load_problem(REF, ECHO_SUBMISSION)
+    assert ctx["seen_batch_size"] == 32768
+    assert "__file__" not in ctx
+    x, t = torch.randn(4, 3), torch.tensor([0, 2, 1, 0])
+    assert torch.equal(ctx["ModelNew"]()(x, t), ctx["Model"]()(x, t))
+
+
+def test_load_problem_prepends_build_dir_like_kernelbench(tmp_path):
+    sub = ECHO_SUBMISSION + "import os\nseen_dir = os.environ['TORCH_EXTENSIONS_DIR']\n"
+    before = os.environ.get("TORCH_EXTENSIONS_DIR")
+    ctx = run_eval.load_problem(REF, sub, build_dir=str(tmp_path))
+    assert ctx["seen_dir"] == str(tmp_path)
+    if before is None:
+        os.environ.pop("TORCH_EXTENSIONS_DIR")
+    else:
+        os.environ["TORCH_EXTENSIONS_DIR"] = before
+
+
+@pytest.mark.parametrize("src, why", [
+    ("raise RuntimeError('nvcc exploded')", "nvcc exploded"),
+    ("def broken(:\n", "SyntaxError"),
+    ("x = 1\n", "no class ModelNew"),
+])
+def test_load_problem_reports_a_broken_submission(src, why):
+    with pytest.raises(run_eval.SubmissionError, match=why):
+        run_eval.load_problem(REF, src)
+
+
+def test_command_line_exits_nonzero_and_says_why(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise RuntimeError('the build failed: ptxas error')\n")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "run_eval.py"), "--submission", str(bad)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "ModelNew failed to load" in proc.stderr and "ptxas error" in proc.stderr
+
+
+def test_trial_seeds_are_kernelbenchs():
+    # torch.manual_seed(42), then one randint(0, 2**32 - 1) per trial, as KernelBench's eval.py draws them
+    assert run_eval.trial_seeds(5) == [734796314, 576165995, 2197670066, 839703249, 2584932063]
+
+
+def test_process_inputs_keeps_integer_dtypes():
+    x, t = torch.rand(2, 3), torch.tensor([1, 2])
+    px, pt = run_eval.process_inputs([x, t], "cpu", torch.bfloat16)
+    assert px.dtype == torch.bfloat16 and pt.dtype == torch.int64 and torch.equal(pt, t)
+
+
+def test_compare_applies_kernelbenchs_rules():
+    ref = torch.tensor(8.3)
+    assert run_eval.compare(ref, torch.tensor(8.3 + 5e-4), 1e-4)[0]      # within atol + rtol * |ref|
+    assert not run_eval.compare(ref, torch.tensor(8.31), 1e-4)[0]
+    ok, msg = run_eval.compare(ref, torch.tensor([8.3]), 1e-4)
+    assert not ok and "shape" in msg                                     # [1] is not []
+    ok, msg = run_eval.compare(ref, torch.tensor(8.3, dtype=torch.float64), 1e-4)
+    assert not ok and "dtype" in msg
+    assert not run_eval.compare(ref, torch.tensor(float("nan")), 1e-4)[0]
+
+
+def test_timing_stats_round_like_kernelbench():
+    s = run_eval.timing_stats([0.17812, 0.17855, 0.18001])
+    assert s["mean"] == 0.179 and s["min"] == 0.178 and s["max"] == 0.18 and s["num_trials"] == 3
+    assert abs(s["mean_exact"] - 0.17889333) < 1e-6
+
+
+def test_summary_holds_the_promised_fields():
+    mk = lambda ms: {"mean_exact": ms, "mean": ms, "std": 0, "min": ms, "max": ms}
+    results = {"model_new": mk(0.2), "eager": mk(0.5), "compile": mk(0.3), "floor": mk(0.19)}
+    s = run_eval.summarize(results, 536870912)
+    assert s["speedup_eager"] == pytest.approx(2.5) and s["speedup_compile"] == pytest.approx(1.5)
+    assert s["model_new_tbps"] == pytest.approx(536870912 / 0.2e-3 / 1e12)
+    assert s["fraction_of_floor"] == pytest.approx(0.95)
+    json.dumps(s)
+    assert "ModelNew" in run_eval.format_table(results, 536870912)
