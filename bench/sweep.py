@@ -104,20 +104,23 @@ def main(argv=None):
     import model_new
     model = model_new.ModelNew()
     floor_fn = run_eval.stream_read_fn(torch.device("cuda"))
+    device = torch.cuda.get_device_name()
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     rows = []
     for n, c in shapes:
         for d in args.dtypes.split(","):
-            rows += measure(n, c, d, args.trials, floor_fn, model)
-            print(table([r for r in rows if (r["N"], r["C"], r["dtype"]) == (n, c, d)]).split("\n")[-1], flush=True)
-    device = torch.cuda.get_device_name()
+            new = measure(n, c, d, args.trials, floor_fn, model)
+            for r in new:
+                r.update(device=device, torch=torch.__version__)
+            rows += new
+            print(table(new).split("\n")[-1], flush=True)
+            if args.out:  # after every shape, so an interrupted sweep keeps what it measured
+                with open(args.out + ".json", "w") as f:
+                    json.dump(rows, f, indent=1)
     print(f"\n{device} | torch {torch.__version__} | KernelBench cuda_event timing, mean of {args.trials}")
     print(table(rows))
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        for r in rows:
-            r.update(device=device, torch=torch.__version__)
-        with open(args.out + ".json", "w") as f:
-            json.dump(rows, f, indent=1)
         try_plot = True
         try:
             import matplotlib  # noqa: F401
