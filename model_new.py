@@ -355,7 +355,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   if (threadIdx.x == 0) p.cta_partials[blockIdx.x] = make_float2(cta_loss, __uint_as_float(cta_count));
   __threadfence();  // every writer: partials visible device-wide before the counter moves
   __syncthreads();
-  if (threadIdx.x == 0) is_last_cta = atomicInc(p.counter, gridDim.x - 1) == gridDim.x - 1;
+  // A lone CTA is last by construction: it skips the counter's round trip (tiny problems).
+  if (threadIdx.x == 0) is_last_cta = gridDim.x == 1 || atomicInc(p.counter, gridDim.x - 1) == gridDim.x - 1;
   __syncthreads();
   if (!is_last_cta) return;
   __threadfence();  // the other CTAs' partials, before reading them
@@ -460,7 +461,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 # Launch policy: the one place that decides the launch shape.
 _THREADS = 256          # threads per CTA (the kernel's kThreads)
 _CTAS_PER_SM = 3        # resident CTAs per SM (the kernel's launch bounds): 768 threads, 85 registers each
-_VECS_PER_THREAD = 16   # 16-byte vectors each thread of a group streams per item
+_VECS_PER_THREAD = 8    # 16-byte vectors per thread and item: one batch (kBatch) when it fits
 _MAX_SEG = 1 << 30      # in-segment column indices are 32-bit
 _IGNORE_INDEX = -100
 
@@ -496,8 +497,12 @@ def _plan(rows, cols, elem_bytes, num_sms):
         return _Plan(min(max_grid, items), _THREADS, splits, seg_len)
     seg_vecs = -(-seg_len // per_vec)
     group = min(_THREADS, _pow2_at_least(-(-seg_vecs // _VECS_PER_THREAD)))
-    # Enough CTAs for the groups the rows need, and at least one per SM while rows last.
-    grid = max(-(-items // (_THREADS // group)), min(items, num_sms))
+    # Each round the grid's groups take one item each. As few rounds as a full grid needs, then
+    # as few CTAs as fill those rounds, so that the last round is not mostly idle.
+    groups_per_cta = _THREADS // group
+    rounds = max(1, -(-items // (max_grid * groups_per_cta)))
+    grid = -(-items // (rounds * groups_per_cta))
+    grid = max(grid, min(items, num_sms))  # and one CTA per SM while rows last
     return _Plan(max(1, min(max_grid, grid)), group, splits, seg_len)
 
 
