@@ -461,7 +461,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 # Launch policy: the one place that decides the launch shape.
 _THREADS = 256          # threads per CTA (the kernel's kThreads)
 _CTAS_PER_SM = 3        # resident CTAs per SM (the kernel's launch bounds): 768 threads, 85 registers each
-_VECS_PER_THREAD = 8    # 16-byte vectors per thread and item: one batch (kBatch) when it fits
+_VECS_PER_THREAD = 16   # 16-byte vectors per thread and item (two batches), where rows are long enough
 _MAX_SEG = 1 << 30      # in-segment column indices are 32-bit
 _IGNORE_INDEX = -100
 

@@ -28,7 +28,7 @@ def test_plan_is_legal(rows, cols, elem_bytes, sms):
 def test_headline_shape_fills_the_gpu_with_whole_rows():
     p = _plan(32768, 4096, 4, 132)
     assert p.splits == 1 and p.grid >= 0.95 * 132 * model_new._CTAS_PER_SM
-    assert p.group * model_new._VECS_PER_THREAD * 16 >= 4096 * 4  # one batch of loads per thread
+    assert p.group * model_new._VECS_PER_THREAD * 16 >= 4096 * 4  # each thread's share fits its vector budget
 
 
 @pytest.mark.parametrize("rows, cols", [r for r in SHAPES if r[0] * r[1] >= 2**24])
