@@ -53,7 +53,7 @@ namespace {
 
 constexpr int kThreads = CE_THREADS;         // threads per CTA, shared with the host policy
 constexpr int kCtasPerSm = CE_CTAS_PER_SM;   // resident CTAs per SM: caps registers per thread
-constexpr int kBatch = 8;                    // 16-byte loads in flight per thread before first use
+constexpr int kBatch = CE_BATCH;             // 16-byte loads in flight per thread before first use
 constexpr int kWarps = kThreads / 32;
 constexpr long long kIgnoreIndex = -100;     // PyTorch's default ignore_index
 constexpr float kLog2e = 1.4426950408889634f;
@@ -461,6 +461,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 # Launch policy: the one place that decides the launch shape.
 _THREADS = 256          # threads per CTA (the kernel's kThreads)
 _CTAS_PER_SM = 3        # resident CTAs per SM (the kernel's launch bounds): 768 threads, 85 registers each
+_BATCH = 8              # 16-byte loads each thread issues together (the kernel's kBatch)
 _VECS_PER_THREAD = 16   # 16-byte vectors per thread and item (two batches), where rows are long enough
 _MAX_SEG = 1 << 30      # in-segment column indices are 32-bit
 _IGNORE_INDEX = -100
@@ -485,9 +486,9 @@ def _plan(rows, cols, elem_bytes, num_sms):
     row_vecs = -(-cols // per_vec)
     splits = -(-cols // _MAX_SEG)
     # Fewer rows than CTAs: cut each row into segments so that every SM streams, as long as a
-    # segment stays at least two vectors per thread of a CTA.
+    # segment still gives every thread of its CTA a full batch (shorter rows are cheaper whole).
     if 0 < rows < max_grid:
-        splits = max(splits, min(max_grid // rows, row_vecs // (2 * _THREADS)))
+        splits = max(splits, min(max_grid // rows, row_vecs // (_BATCH * _THREADS)))
     seg_len = -(-cols // splits)
     seg_len = -(-seg_len // per_vec) * per_vec
     splits = max(1, -(-cols // seg_len))
@@ -517,7 +518,8 @@ def _workspace_layout(plan):
 # Build: at import, for the GPU that is present; nvcc sees no torch headers, which keeps a cold
 # build short.
 def _nvcc_flags(arch_flags):
-    return ["-O3", "-std=c++17", f"-DCE_THREADS={_THREADS}", f"-DCE_CTAS_PER_SM={_CTAS_PER_SM}", *arch_flags]
+    return ["-O3", "-std=c++17", f"-DCE_THREADS={_THREADS}", f"-DCE_CTAS_PER_SM={_CTAS_PER_SM}", f"-DCE_BATCH={_BATCH}",
+            *arch_flags]
 
 
 def _load_extension():
