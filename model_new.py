@@ -5,7 +5,7 @@ ModelNew()(logits, targets) equals cross_entropy(logits, targets) with PyTorch's
 (C,) and int64 or int32 class-index targets. The result is a 0-dim tensor of the logits' dtype.
 
 How: one kernel reads every logit once and writes nothing of size N x C. Each row is reduced
-online to (max, sum of exp) in fp32 while the target logit is picked up on the way; each CTA sums
+online to (max, sum of exp) in fp32, with the target logit read alongside; each CTA sums
 its rows' losses in a fixed order and the last CTA to finish sums the CTAs' partials, also in a
 fixed order, and divides. So the mean comes out of the same launch, with no memset, no second
 kernel, no host synchronization and no float atomics: the same bits on every run.
@@ -40,7 +40,8 @@ _CUDA_SRC = r"""
 // Work decomposition (the host's _plan chooses splits, group and grid):
 //   item  : a row, or one of `splits` segments of a row when rows are too few to fill the GPU;
 //   group : `group` consecutive threads (a power of two) that reduce one item together;
-//   CTA b : a contiguous range of items, taken round-robin by its groups.
+//   round : every group of the grid takes one item; round r gives group g of CTA b the item
+//           (r * gridDim.x + b) * groups + g, so the grid sweeps the tensor front to back.
 // Whole rows give their loss to the group leader, which keeps a running sum; segments leave an
 // (m, s, x_t) triple that the last CTA merges. The last CTA is found with one counter that
 // atomicInc returns to zero by itself, so the workspace needs zeroing once, at allocation.
