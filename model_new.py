@@ -353,11 +353,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   // This CTA's partial, then the arrival that elects the last CTA.
   const float cta_loss = cta_sum(leader ? loss_sum : 0.f, sum_scratch);
   const unsigned int cta_count = cta_sum(leader ? count : 0u, count_scratch);
+  // A lone CTA over whole rows has the answer already: no partials, fence or counter (tiny problems).
+  if (gridDim.x == 1 && p.splits == 1) {
+    if (threadIdx.x == 0) E::store(p.out, float(double(cta_loss) / double(cta_count)));
+    return;
+  }
   if (threadIdx.x == 0) p.cta_partials[blockIdx.x] = make_float2(cta_loss, __uint_as_float(cta_count));
   __threadfence();  // every writer: partials visible device-wide before the counter moves
   __syncthreads();
-  // A lone CTA is last by construction: it skips the counter's round trip (tiny problems).
-  if (threadIdx.x == 0) is_last_cta = gridDim.x == 1 || atomicInc(p.counter, gridDim.x - 1) == gridDim.x - 1;
+  if (threadIdx.x == 0) is_last_cta = atomicInc(p.counter, gridDim.x - 1) == gridDim.x - 1;
   __syncthreads();
   if (!is_last_cta) return;
   __threadfence();  // the other CTAs' partials, before reading them
@@ -509,7 +513,7 @@ def _plan(rows, cols, elem_bytes, num_sms):
 
 
 def _workspace_layout(plan):
-    """Byte offsets of (counter, CTA partials, segment partials) and the total size."""
+    """Byte offsets of the CTA partials and of the segment partials; the counter sits at 0."""
     cta_off = 16
     seg_off = cta_off + 16 * (-(-plan.grid * 8 // 16))
     return cta_off, seg_off
