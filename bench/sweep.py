@@ -8,6 +8,7 @@ Every figure is KernelBench's cuda_event method (3 warm-ups, 256 MB L2 flush bef
 dtype, impl, mean_ms, ...) and, where matplotlib is installed, OUT.png.
 """
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -65,6 +66,10 @@ def table(rows):
         lines.append(f"{f'{n} x {c}':>16s} {d:>9s} {r['model_new']['bytes'] / 2**20:7.1f} | {m:9.4f} {e:8.4f} {k:8.4f} {f:8.4f}"
                      f" | {r['model_new']['tbps']:5.2f} {100 * f / m:6.1f} {e / m:7.2f} {k / m:6.2f}")
     return "\n".join(lines)
+
+
+def can_plot():
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def plot(rows, path, title):
@@ -139,14 +144,10 @@ def main(argv=None):
     print(f"\n{device} | torch {torch.__version__} | KernelBench cuda_event timing, mean of {args.trials}")
     print(table(rows))
     if args.out:
-        try_plot = True
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            try_plot = False
-            print("matplotlib not installed: no plot (run again with --plot-only where it is)")
-        if try_plot:
+        if can_plot():
             plot(rows, args.out + ".png", f"cross-entropy forward, mean reduction: {device}")
+        else:
+            print("matplotlib not installed: no plot (run again with --plot-only where it is)")
     return 0
 
 

@@ -1,0 +1,36 @@
+"""bench/sweep.py's bookkeeping, on the CPU: best pass per implementation, files, table."""
+import json
+import os
+import sys
+import types
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import sweep  # noqa: E402
+
+
+def test_sweep_keeps_each_implementations_best_pass(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_measure(n, c, d, impls, trials, fns):
+        calls.append(impls)
+        slow = len(calls) == 1  # the first pass is the slow one
+        return [{"N": n, "C": c, "dtype": d, "impl": i, "mean_ms": (2.0 if slow else 1.0) + k,
+                 "bytes": n * c * 4, "tbps": 1.0} for k, i in enumerate(impls)]
+
+    monkeypatch.setattr(sweep, "measure", fake_measure)
+    monkeypatch.setattr(sweep.run_eval, "stream_read_fn", lambda device: None)
+    monkeypatch.setattr(sweep.torch.cuda, "get_device_name", lambda *a: "test device")
+    monkeypatch.setitem(sys.modules, "model_new", types.SimpleNamespace(ModelNew=lambda: None))
+    monkeypatch.setattr(sweep, "can_plot", lambda: True)
+    monkeypatch.setattr(sweep, "plot", lambda rows, path, title: open(path, "w").close())
+    out = str(tmp_path / "sweep")
+    assert sweep.main(["--shapes", "4x5", "--dtypes", "float32", "--passes", "2", "--out", out]) == 0
+    assert calls == [("floor", "model_new", "eager")] * 2 + [("compile",)]
+    rows = {r["impl"]: r for r in json.load(open(out + ".json"))}
+    assert set(rows) == {"floor", "model_new", "eager", "compile"}
+    assert rows["model_new"]["mean_ms"] == 2.0 and rows["model_new"]["pass_means_ms"] == [3.0, 2.0]
+    assert rows["compile"]["mean_ms"] == 1.0 and rows["compile"]["pass_means_ms"] == [1.0]
+    assert os.path.exists(out + ".png")
+    assert "4 x 5" in sweep.table(list(rows.values()))
