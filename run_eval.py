@@ -14,6 +14,7 @@ default mode), plus a plain streaming read of the same bytes measured in the sam
 bandwidth floor.
 """
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -22,6 +23,7 @@ import time
 import traceback
 
 import torch
+from torch.utils.cpp_extension import load_inline
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -196,8 +198,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("launch", &launch_stream_read);
 
 def stream_read_fn(device):
     """A callable that reads all bytes of a tensor once: the bandwidth floor."""
-    import inspect
-    from torch.utils.cpp_extension import load_inline
     major, minor = torch.cuda.get_device_capability(device)
     options = {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
     ext = load_inline(name=f"kb95_stream_read_sm{major}{minor}", cpp_sources=[_READ_CPP], cuda_sources=[_READ_SRC],
