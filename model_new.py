@@ -30,8 +30,8 @@ _CUDA_SRC = r"""
 //
 // Fused: max, sum of exp, log, the target gather, the per-row loss, the sum over rows and the
 // division by the number of counted rows. Eager PyTorch writes log_softmax (N x C) and reads it
-// back; here the logits are read once and only a few bytes per CTA are written, so the kernel
-// runs at the speed of one streaming read of the logits.
+// back; here the logits are read once and only a few bytes per chunk of rows are written, so
+// the kernel runs at the speed of one streaming read of the logits.
 //
 // Per row: loss = log(sum_j exp(x_j - m)) - (x_t - m), with m the row max (PyTorch's own
 // formulation: it stays exact for huge logits). Rows whose target is -100 are skipped and not
@@ -40,11 +40,20 @@ _CUDA_SRC = r"""
 // Work decomposition (the host's _plan chooses splits, group and grid):
 //   item  : a row, or one of `splits` segments of a row when rows are too few to fill the GPU;
 //   group : `group` consecutive threads (a power of two) that reduce one item together;
-//   round : every group of the grid takes one item; round r gives group g of CTA b the item
-//           (r * gridDim.x + b) * groups + g, so the grid sweeps the tensor front to back.
-// Whole rows give their loss to the group leader, which keeps a running sum; segments leave an
-// (m, s, x_t) triple that the last CTA merges. The last CTA is found with one counter that
-// atomicInc returns to zero by itself, so the workspace needs zeroing once, at allocation.
+//   chunk : `rounds` items per group of a CTA (the CTA's `groups` = kThreads / group groups
+//           take one item each per round); chunks interleave, so a round of neighbouring chunks
+//           covers neighbouring items.
+// CTA b takes chunks b and gridDim.x + b, then claims the next unclaimed chunk from a counter
+// while any are left. Claiming balances the end: with a fixed share each, CTAs on the same
+// tensor finished up to 30 us apart (SMs stream at different rates), and the last ones ran with
+// the DRAM half idle. Claims come in order, so the grid still sweeps the tensor front to back.
+// Where a round of a CTA reads only a few KB (very short rows) claims cost more than they
+// balance, and the plan gives each CTA one chunk of many rounds: a fixed share, as before.
+// Determinism survives the dynamic schedule because nothing is summed per CTA: each chunk's
+// losses are summed in group order and stored at the chunk's index, and the last CTA sums the
+// chunks in index order. Segments store an (m, s, x_t) triple per item instead, which the last
+// CTA merges per row. The last CTA is found with a counter that atomicInc returns to zero by
+// itself and resets the claim counter, so the workspace needs zeroing once, at allocation.
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -63,12 +72,13 @@ struct Params {
   const void* logits;
   const void* targets;
   void* out;                   // one element of the logits' dtype
-  unsigned int* counter;       // CTAs that finished, modulo gridDim.x
-  float2* cta_partials;        // per CTA: (sum of losses, count as bits)
+  unsigned int* counter;       // [0]: CTAs that finished, modulo gridDim.x; [1]: chunks claimed
+  float2* chunk_partials;      // per chunk when splits == 1: (sum of losses, count as bits)
   float4* seg_partials;        // per item when splits > 1: (m, s, x_t, unused)
   long long rows, cols, row_stride, target_stride;
   long long items;             // rows * splits
-  int splits, seg_len, group;
+  long long chunks;            // the CTAs' work units: chunk_rounds items per group of a CTA
+  int splits, seg_len, group, chunk_rounds;
 };
 
 // ------------------------------------------------------------------ element formats
@@ -216,15 +226,21 @@ __device__ __forceinline__ T warp_sum(T v) {
   return v;
 }
 
+// A loss sum and a row count. Summed together, so the final reduction costs one round of the CTA.
+struct Total {
+  double sum;
+  unsigned long long count;
+};
+
 // Fixed-order sum over the CTA; the total is valid in thread 0. Every thread must call it.
-template <class T>
-__device__ T cta_sum(T v, T* scratch) {
-  v = warp_sum(v);
+__device__ Total cta_sum(Total v, Total* scratch) {
+  v.sum = warp_sum(v.sum);
+  v.count = warp_sum(v.count);
   if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
   __syncthreads();
-  T total = 0;
+  Total total = {0.0, 0ull};
   if (threadIdx.x == 0)
-    for (int w = 0; w < kWarps; ++w) total += scratch[w];
+    for (int w = 0; w < kWarps; ++w) total = {total.sum + scratch[w].sum, total.count + scratch[w].count};
   __syncthreads();
   return total;
 }
@@ -272,115 +288,164 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
 // ------------------------------------------------------------------ the kernel
 template <class E, class Target>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kernel(const Params p) {
-  __shared__ float2 warp_state[2][kWarps];  // (m, s) per warp, by round parity
-  __shared__ float sum_scratch[kWarps];
-  __shared__ unsigned int count_scratch[kWarps];
-  __shared__ double final_sum_scratch[kWarps];
-  __shared__ unsigned long long final_count_scratch[kWarps];
+  __shared__ float2 warp_state[2][kWarps];     // (m, s) per warp, by item parity
+  __shared__ float2 warp_sums[2][kWarps];      // (loss sum, count as bits) per warp, by chunk parity
+  __shared__ long long claimed[2];             // the chunk after next, by chunk parity
+  __shared__ Total final_scratch[kWarps];
   __shared__ bool is_last_cta;
 
   const int group = p.group;
   const int lane = threadIdx.x & (group - 1);
   const int group_id = threadIdx.x / group;
   const int groups = kThreads / group;
+  const int rounds = p.chunk_rounds;
   const bool leader = lane == 0;
+  const bool lone = gridDim.x == 1;  // one CTA takes the chunks in order: no claims, no partials
   const Target* targets = static_cast<const Target*>(p.targets);
   const auto* logits = static_cast<const typename E::Storage*>(p.logits);
+  unsigned int* const claims = p.counter + 1;
 
-  // Round r gives group g of CTA b the item (r * gridDim.x + b) * groups + g: each round the whole
-  // grid sweeps one contiguous stretch of the tensor (measured 4% faster than giving each CTA a
-  // contiguous block), and every CTA still sums its own items in a fixed order.
-  const int per_round = gridDim.x * groups;
-  const int rounds = int((p.items + per_round - 1) / per_round);  // the same for every thread
-  const int first_item = blockIdx.x * groups + group_id;
-
-  float loss_sum = 0.f;    // leaders only: this group's rows, in order
-  unsigned int count = 0;  // leaders only: rows whose target is not ignore_index
-
-  // Targets are loaded one round ahead, so a row's stream never waits on its target's load.
+  // Round r of chunk c gives group g the item (r * chunks + c) * groups + g: a CTA reads `groups`
+  // neighbouring items at a time, and CTAs at the same round read neighbouring stretches, so the
+  // grid sweeps the tensor front to back. Targets are loaded one item ahead, so a row's stream
+  // never waits on its target's load; the claim for the chunk after next is made a whole chunk
+  // before it is needed.
+  auto item_of = [&](long long chunk, int r) { return (r * p.chunks + chunk) * groups + group_id; };
   auto row_of = [&](long long item) { return p.splits == 1 ? item : item / p.splits; };
   auto load_target = [&](long long item) {
     return item < p.items ? (long long)targets[row_of(item) * p.target_stride] : kIgnoreIndex;
   };
-  long long next_target = load_target(first_item);
+  long long chunk = blockIdx.x, next_chunk = (long long)gridDim.x + blockIdx.x;
+  long long next_target = load_target(item_of(chunk, 0));
+  float lone_sum = 0.f;  // thread 0 of a lone CTA: the chunks' sums, in order
+  unsigned int lone_count = 0;
+  int item_parity = 0;
 
-  for (int round = 0; round < rounds; ++round) {
-    const long long item = first_item + (long long)round * per_round;
-    const bool has_item = item < p.items;
-    const long long target = next_target;
-    next_target = load_target(item + per_round);
-    Lse st = {-INFINITY, 0.f};
-    float x_target = 0.f;  // leader only; stays 0 in segments without the target column
-    // Ignored and out-of-range targets need no logits: the row is skipped or yields NaN.
-    if (has_item && target >= 0 && target < p.cols) {
-      const long long row = row_of(item);
-      const long long c0 = (item - row * p.splits) * (long long)p.seg_len;
-      const auto* seg = logits + row * p.row_stride + c0;
-      const int len = int(min((long long)p.seg_len, p.cols - c0));
-      // Issued before the stream, so its latency hides behind it; the stream then finds this
-      // sector in L2, so HBM still sees each logit once.
-      if (leader && target >= c0 && target < c0 + len) x_target = E::load(seg + (target - c0));
-      st = reduce_segment<E>(seg, len, lane, group);
-    }
+  for (int parity = 0; chunk < p.chunks; parity ^= 1) {  // chunk is the same in every thread
+    unsigned int claim = 0;
+    if (threadIdx.x == 0 && !lone) claim = atomicAdd(claims, 1u);
+    float loss_sum = 0.f;    // leaders: this group's rows of the chunk, in order
+    unsigned int count = 0;  // leaders: those rows whose target is not ignore_index
 
-    // The group's merged state, complete in its leader.
-    if (group <= 32) {
-      lse_reduce_lanes(st, group);
-    } else {
-      lse_reduce_lanes(st, 32);
-      const int warp = threadIdx.x >> 5, warps_per_group = group >> 5;
-      if ((threadIdx.x & 31) == 0) warp_state[round & 1][warp] = make_float2(st.m, st.s);
-      group_barrier(1 + group_id, group);
-      if (leader)
-        for (int w = 1; w < warps_per_group; ++w) {
-          const float2 o = warp_state[round & 1][warp + w];
-          st = lse_merge(st, {o.x, o.y});
-        }
-    }
+    for (int r = 0; r < rounds; ++r, item_parity ^= 1) {
+      const long long item = item_of(chunk, r);
+      const long long target = next_target;
+      next_target = load_target(r + 1 < rounds ? item_of(chunk, r + 1) : item_of(next_chunk, 0));
+      Lse st = {-INFINITY, 0.f};
+      float x_target = 0.f;  // leader only; stays 0 in segments without the target column
+      // Ignored and out-of-range targets need no logits: the row is skipped or yields NaN.
+      if (item < p.items && target >= 0 && target < p.cols) {
+        const long long row = row_of(item);
+        const long long c0 = (item - row * p.splits) * (long long)p.seg_len;
+        const auto* seg = logits + row * p.row_stride + c0;
+        const int len = int(min((long long)p.seg_len, p.cols - c0));
+        // Issued before the stream, so its latency hides behind it; the stream then finds this
+        // sector in L2, so HBM still sees each logit once.
+        if (leader && target >= c0 && target < c0 + len) x_target = E::load(seg + (target - c0));
+        st = reduce_segment<E>(seg, len, lane, group);
+      }
 
-    if (leader && has_item) {
-      if (p.splits == 1) {
-        if (target != kIgnoreIndex) {
+      // The group's merged state, complete in its leader.
+      if (group <= 32) {
+        lse_reduce_lanes(st, group);
+      } else {
+        lse_reduce_lanes(st, 32);
+        const int warp = threadIdx.x >> 5, warps_per_group = group >> 5;
+        if ((threadIdx.x & 31) == 0) warp_state[item_parity][warp] = make_float2(st.m, st.s);
+        group_barrier(1 + group_id, group);
+        if (leader)
+          for (int w = 1; w < warps_per_group; ++w) {
+            const float2 o = warp_state[item_parity][warp + w];
+            st = lse_merge(st, {o.x, o.y});
+          }
+      }
+
+      if (leader && item < p.items) {
+        if (p.splits > 1) {
+          p.seg_partials[item] = make_float4(st.m, st.s, x_target, 0.f);
+        } else if (target != kIgnoreIndex) {
           loss_sum += (target >= 0 && target < p.cols) ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
           ++count;
         }
-      } else {
-        p.seg_partials[item] = make_float4(st.m, st.s, x_target, 0.f);
       }
     }
+
+    // The chunk's sum in a fixed order: each warp sums its leaders (every warp at once), then
+    // thread 0 sums the warps. Only that last step waits for the barrier, so the chunk costs
+    // the CTA one barrier and a few shared-memory reads.
+    if (p.splits == 1) {
+      if (!leader) loss_sum = 0.f, count = 0;
+      for (int offset = group; offset < 32; offset <<= 1) {
+        loss_sum += __shfl_xor_sync(0xffffffffu, loss_sum, offset);
+        count += __shfl_xor_sync(0xffffffffu, count, offset);
+      }
+      if ((threadIdx.x & 31) == 0) warp_sums[parity][threadIdx.x >> 5] = make_float2(loss_sum, __uint_as_float(count));
+    }
+    if (threadIdx.x == 0) claimed[parity] = lone ? chunk + 2 : 2ll * gridDim.x + claim;
+    __syncthreads();
+    if (p.splits == 1 && threadIdx.x == 0) {
+      float sum = 0.f;
+      unsigned int n = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        sum += warp_sums[parity][w].x;
+        n += __float_as_uint(warp_sums[parity][w].y);
+      }
+      if (lone) {
+        lone_sum += sum;
+        lone_count += n;
+      } else {
+        p.chunk_partials[chunk] = make_float2(sum, __uint_as_float(n));
+      }
+    }
+    chunk = next_chunk;
+    next_chunk = claimed[parity];
   }
 
-  // This CTA's partial, then the arrival that elects the last CTA.
-  const float cta_loss = cta_sum(leader ? loss_sum : 0.f, sum_scratch);
-  const unsigned int cta_count = cta_sum(leader ? count : 0u, count_scratch);
   // A lone CTA over whole rows has the answer already: no partials, fence or counter (tiny problems).
-  if (gridDim.x == 1 && p.splits == 1) {
-    if (threadIdx.x == 0) E::store(p.out, float(double(cta_loss) / double(cta_count)));
+  if (lone && p.splits == 1) {
+    if (threadIdx.x == 0) E::store(p.out, float(double(lone_sum) / double(lone_count)));  // 0 rows: NaN
     return;
   }
-  if (threadIdx.x == 0) p.cta_partials[blockIdx.x] = make_float2(cta_loss, __uint_as_float(cta_count));
   __threadfence();  // every writer: partials visible device-wide before the counter moves
   __syncthreads();
   if (threadIdx.x == 0) is_last_cta = atomicInc(p.counter, gridDim.x - 1) == gridDim.x - 1;
   __syncthreads();
   if (!is_last_cta) return;
   __threadfence();  // the other CTAs' partials, before reading them
+  if (threadIdx.x == 0) *claims = 0;  // every CTA made its last claim before it arrived
 
-  double total = 0.0;
-  unsigned long long counted = 0;
+  Total total = {0.0, 0ull};
   if (p.splits == 1) {
-    for (int b = threadIdx.x; b < gridDim.x; b += kThreads) {
-      const float2 q = __ldcg(p.cta_partials + b);
-      total += q.x;
-      counted += __float_as_uint(q.y);
+    // The chunks' partials two at a time, kFinalLoads loads in flight per thread, each thread a
+    // fixed share: this tail runs on one SM while the rest of the GPU idles, so its latency counts.
+    constexpr int kFinalLoads = 8;
+    const float4* pairs = reinterpret_cast<const float4*>(p.chunk_partials);
+    const long long npairs = (p.chunks + 1) / 2;
+    for (long long i0 = threadIdx.x; i0 < npairs; i0 += kFinalLoads * kThreads) {
+      float4 q[kFinalLoads];
+#pragma unroll
+      for (int u = 0; u < kFinalLoads; ++u) {
+        const long long i = i0 + u * kThreads;
+        q[u] = i < npairs ? __ldcg(pairs + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < kFinalLoads; ++u) {
+        total.sum += q[u].x;
+        total.count += __float_as_uint(q[u].y);
+        if (2 * (i0 + u * kThreads) + 1 < p.chunks) {  // an odd count leaves the last pair half full
+          total.sum += q[u].z;
+          total.count += __float_as_uint(q[u].w);
+        }
+      }
     }
   } else {
     for (long long row = threadIdx.x; row < p.rows; row += kThreads) {
       const long long target = (long long)targets[row * p.target_stride];
       if (target == kIgnoreIndex) continue;
-      ++counted;
+      ++total.count;
       if (target < 0 || target >= p.cols) {
-        total += __int_as_float(0x7fc00000);
+        total.sum += __int_as_float(0x7fc00000);
         continue;
       }
       Lse st = {-INFINITY, 0.f};
@@ -390,12 +455,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
         st = lse_merge(st, {q.x, q.y});
         x_target += q.z;
       }
-      total += row_loss(st, x_target);
+      total.sum += row_loss(st, x_target);
     }
   }
-  total = cta_sum(total, final_sum_scratch);
-  counted = cta_sum(counted, final_count_scratch);
-  if (threadIdx.x == 0) E::store(p.out, float(total / double(counted)));  // 0 rows: 0/0 = NaN
+  total = cta_sum(total, final_scratch);
+  if (threadIdx.x == 0) E::store(p.out, float(total.sum / double(total.count)));  // 0 rows: 0/0 = NaN
 }
 
 template <class E, class Target>
@@ -413,22 +477,24 @@ void launch_for_targets(const Params& p, int target_bytes, int grid, cudaStream_
 
 // dtype: 0 float32, 1 bfloat16, 2 float16. Pointers and the stream come from Python as integers.
 void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t counter,
-                               uintptr_t cta_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
+                               uintptr_t chunk_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
-                               int64_t splits, int64_t seg_len, int64_t group, int64_t grid, int64_t device,
-                               uintptr_t stream) {
+                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks, int64_t grid,
+                               int64_t device, uintptr_t stream) {
   Params p;
   p.logits = reinterpret_cast<const void*>(logits);
   p.targets = reinterpret_cast<const void*>(targets);
   p.out = reinterpret_cast<void*>(out);
   p.counter = reinterpret_cast<unsigned int*>(counter);
-  p.cta_partials = reinterpret_cast<float2*>(cta_partials);
+  p.chunk_partials = reinterpret_cast<float2*>(chunk_partials);
   p.seg_partials = reinterpret_cast<float4*>(seg_partials);
   p.rows = rows;
   p.cols = cols;
   p.row_stride = row_stride;
   p.target_stride = target_stride;
   p.items = rows * splits;
+  p.chunks = chunks;
+  p.chunk_rounds = int(chunk_rounds);
   p.splits = int(splits);
   p.seg_len = int(seg_len);
   p.group = int(group);
@@ -452,10 +518,10 @@ _CPP_SRC = r"""
 #include <cstdint>
 
 void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t counter,
-                               uintptr_t cta_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
+                               uintptr_t chunk_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
-                               int64_t splits, int64_t seg_len, int64_t group, int64_t grid, int64_t device,
-                               uintptr_t stream);
+                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks, int64_t grid,
+                               int64_t device, uintptr_t stream);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("launch", &launch_cross_entropy_mean, "Launch the fused cross-entropy-mean kernel (raw pointers).");
@@ -469,6 +535,7 @@ _CTAS_PER_SM = 3        # resident CTAs per SM (the kernel's launch bounds): 768
 _BATCH = 8              # 16-byte loads each thread issues together (the kernel's kBatch)
 _VECS_PER_THREAD = 16   # 16-byte vectors per thread and item (two batches), where rows are long enough
 _MAX_SEG = 1 << 30      # in-segment column indices are 32-bit
+_CLAIM_BYTES = 16 << 10 # a CTA's round reads at least this much: claim chunks of one round
 _IGNORE_INDEX = -100
 
 
@@ -477,6 +544,8 @@ class _Plan(NamedTuple):
     group: int   # threads per item
     splits: int  # segments per row
     seg_len: int # columns per segment (a multiple of the vector width)
+    rounds: int  # items per group in a chunk
+    chunks: int  # work units the CTAs claim: `rounds` items per group of a CTA
 
 
 def _pow2_at_least(x):
@@ -499,24 +568,29 @@ def _plan(rows, cols, elem_bytes, num_sms):
     splits = max(1, -(-cols // seg_len))
     items = rows * splits
     if splits > 1:
-        # Segments are few and long: a whole CTA on each, one CTA per segment.
-        return _Plan(min(max_grid, items), _THREADS, splits, seg_len)
-    seg_vecs = -(-seg_len // per_vec)
-    group = min(_THREADS, _pow2_at_least(-(-seg_vecs // _VECS_PER_THREAD)))
-    # Each round the grid's groups take one item each. As few rounds as a full grid needs, then
-    # as few CTAs as fill those rounds, so that the last round is not mostly idle.
-    groups_per_cta = _THREADS // group
-    rounds = max(1, -(-items // (max_grid * groups_per_cta)))
-    grid = -(-items // (rounds * groups_per_cta))
-    grid = max(grid, min(items, num_sms))  # and one CTA per SM while rows last
-    return _Plan(max(1, min(max_grid, grid)), group, splits, seg_len)
+        group = _THREADS  # segments are few and long: a whole CTA on each
+    else:
+        seg_vecs = -(-seg_len // per_vec)
+        group = min(_THREADS, _pow2_at_least(-(-seg_vecs // _VECS_PER_THREAD)))
+    # Chunks of one round each, claimed as CTAs finish them, balance the end of the stream. Where
+    # a round is only a few KB (very short rows) the claim's barrier and partial cost more than
+    # they balance: then each CTA gets one chunk of as many rounds as its share needs.
+    groups = _THREADS // group
+    round_bytes = groups * min(seg_len, cols) * elem_bytes
+    rounds = 1 if round_bytes >= _CLAIM_BYTES else max(1, -(-items // (groups * max_grid)))
+    chunks = -(-items // (groups * rounds))
+    # Every CTA that fits on the GPU at once, while there are chunks for them.
+    return _Plan(max(1, min(max_grid, chunks)), group, splits, seg_len, rounds, chunks)
 
 
-def _workspace_layout(plan):
-    """Byte offsets of the CTA partials and of the segment partials; the counter sits at 0."""
-    cta_off = 16
-    seg_off = cta_off + 16 * (-(-plan.grid * 8 // 16))
-    return cta_off, seg_off
+def _workspace_layout(plan, rows):
+    """Byte offsets of the chunk partials and of the segment partials, and the bytes in all.
+    The two counters sit at 0."""
+    part_off = 16
+    part_bytes = 8 * plan.chunks if plan.splits == 1 else 0
+    seg_off = part_off + 16 * (-(-part_bytes // 16))
+    seg_bytes = 16 * rows * plan.splits if plan.splits > 1 else 0
+    return part_off, seg_off, seg_off + seg_bytes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,7 +626,7 @@ _ext = _load_extension()
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _TARGET_DTYPES = (torch.int64, torch.int32)
-_workspaces = {}  # (device index, stream) -> int32 tensor; its counter is always back at zero
+_workspaces = {}  # (device index, stream) -> int32 tensor; its counters are always back at zero
 
 
 @functools.lru_cache(maxsize=None)
@@ -566,7 +640,7 @@ def _workspace(device, stream, nbytes):
     ws = _workspaces.get(key)
     if ws is not None and ws.numel() * 4 >= nbytes:
         return ws
-    # Zeroed once here; every launch leaves the counter at zero again. Inside graph capture the
+    # Zeroed once here; every launch leaves both counters at zero again. Inside graph capture the
     # zeroing becomes part of the graph, and the buffer lives only as long as the graph needs it.
     ws = torch.zeros(-(-nbytes // 4), dtype=torch.int32, device=device)
     if not torch.cuda.is_current_stream_capturing():
@@ -621,16 +695,16 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
         _first_bad_target(targets, cols)
     device = logits.device
     plan = _plan(rows, cols, logits.element_size(), _num_sms(device.index))
-    cta_off, seg_off = _workspace_layout(plan)
-    seg_bytes = 16 * rows * plan.splits if plan.splits > 1 else 0
+    part_off, seg_off, nbytes = _workspace_layout(plan, rows)
     stream = torch.cuda.current_stream(device)
-    ws = _workspace(device, stream, seg_off + seg_bytes)
+    ws = _workspace(device, stream, nbytes)
     base = ws.data_ptr()
     out = torch.empty((), dtype=logits.dtype, device=device)
-    _ext.launch(logits.data_ptr(), targets.data_ptr(), out.data_ptr(), base, base + cta_off, base + seg_off,
+    _ext.launch(logits.data_ptr(), targets.data_ptr(), out.data_ptr(), base, base + part_off, base + seg_off,
                 rows, cols, logits.stride(0), targets.stride(0) if rows else 1,
                 _DTYPE_CODES[logits.dtype], targets.element_size(),
-                plan.splits, plan.seg_len, plan.group, plan.grid, device.index, stream.cuda_stream)
+                plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks, plan.grid, device.index,
+                stream.cuda_stream)
     return out
 
 

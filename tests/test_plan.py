@@ -31,14 +31,17 @@ def test_headline_shape_fills_the_gpu_with_whole_rows():
     assert p.group * model_new._VECS_PER_THREAD * 16 >= 4096 * 4  # each thread's share fits its vector budget
 
 
-@pytest.mark.parametrize("rows, cols", [r for r in SHAPES if r[0] * r[1] >= 2**24])
+@pytest.mark.parametrize("rows, cols", SHAPES)
 @pytest.mark.parametrize("elem_bytes", [4, 2])
-def test_last_round_is_not_mostly_idle(rows, cols, elem_bytes):
+def test_chunks_cover_the_items_and_fill_the_grid(rows, cols, elem_bytes):
     p = _plan(rows, cols, elem_bytes, 132)
-    slots = p.grid * (model_new._THREADS // p.group)  # items the grid takes per round
+    per_chunk = model_new._THREADS // p.group * p.rounds  # items per chunk
     items = rows * p.splits
-    rounds = -(-items // slots)
-    assert items / (rounds * slots) > 0.95
+    assert (p.chunks - 1) * per_chunk < items <= p.chunks * per_chunk or items == p.chunks == 0
+    # every CTA that fits, unless there are fewer chunks than that: the claims balance the rest
+    assert p.grid == max(1, min(132 * model_new._CTAS_PER_SM, p.chunks))
+    # the claim counter is 32-bit and runs at most one claim per CTA past the last chunk
+    assert p.chunks + 2 * p.grid < 2**32
 
 
 def test_few_long_rows_are_split_across_ctas():
@@ -51,8 +54,19 @@ def test_small_rows_use_small_groups():
     assert _plan(65536, 1000, 4, 132).group <= 32
 
 
+def test_long_rows_are_claimed_a_round_at_a_time_and_short_rows_are_shared_out():
+    long_rows = _plan(32768, 4096, 4, 132)  # 64 KB a round: claims balance the end
+    assert long_rows.rounds == 1 and long_rows.chunks > 8 * long_rows.grid
+    short = _plan(1000000, 10, 4, 132)  # 10 KB a round: one chunk per CTA
+    assert short.rounds > 1 and short.chunks == short.grid
+
+
 def test_workspace_layout_is_aligned():
     for rows, cols in itertools.product([1, 5, 70000], [3, 4096, 300000]):
         p = _plan(rows, cols, 4, 132)
-        cta_off, seg_off = model_new._workspace_layout(p)
-        assert cta_off % 16 == 0 and seg_off % 16 == 0 and seg_off >= cta_off + 8 * p.grid
+        part_off, seg_off, nbytes = model_new._workspace_layout(p, rows)
+        assert part_off >= 8 and part_off % 16 == 0 and seg_off % 16 == 0  # two counters first
+        if p.splits == 1:
+            assert seg_off >= part_off + 8 * p.chunks and nbytes >= seg_off
+        else:
+            assert nbytes >= seg_off + 16 * rows * p.splits
