@@ -177,8 +177,6 @@ __device__ __forceinline__ Lse lse_merge(Lse a, Lse b) {
   return {m, a.s * exp2_approx((a.m - base) * kLog2e) + b.s * exp2_approx((b.m - base) * kLog2e)};
 }
 
-__device__ __forceinline__ Lse lse_add(Lse st, float x) { return lse_merge(st, {x, 1.f}); }
-
 // One batch of vectors: one rescale of the running sum, then one exp per element. x - base comes
 // first and the multiply by log2(e) second: folding both into one FMA loses the exactness of
 // x - m near the max, which matters for logits of large magnitude.
@@ -252,7 +250,7 @@ __device__ __forceinline__ void group_barrier(int id, int threads) {
 // ------------------------------------------------------------------ one item
 // Folds columns [0, len) of `seg` into this thread's (m, s). The 16-byte-aligned body streams
 // through kBatch vectors per thread; the few elements before the first 16-byte boundary and after
-// the last are read one by one, so any start address and row stride work, at full speed wherever
+// the last are read as scalars, so any start address and row stride work, at full speed wherever
 // rows are aligned.
 template <class E>
 __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, int len, int lane, int group) {
@@ -261,7 +259,27 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   const int head = min(misalign ? E::kPerVec - misalign : 0, len);
   const int nvec = (len - head) / E::kPerVec;
   const int tail = head + nvec * E::kPerVec;
-  for (int e = lane; e < head + (len - tail); e += group) st = lse_add(st, E::load(seg + (e < head ? e : tail + (e - head))));
+  // At most 2 * (kPerVec - 1) elements lie outside the aligned body. All their loads go out before
+  // the first is used, so a short misaligned row waits for one round trip, not one per element.
+  const int nedge = head + (len - tail);
+  if (nedge > 0) {
+    constexpr int kMaxEdge = 2 * (E::kPerVec - 1);
+    float x[kMaxEdge];
+#pragma unroll
+    for (int k = 0; k < kMaxEdge; ++k) {
+      const int e = lane + k * group;
+      x[k] = (k * group < nedge && e < nedge) ? E::load(seg + (e < head ? e : tail + (e - head))) : -INFINITY;
+    }
+    float m = x[0];
+#pragma unroll
+    for (int k = 1; k < kMaxEdge; ++k) m = fmaxf(m, x[k]);
+    const float base = safe_base(m);
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < kMaxEdge; ++k)
+      if (k * group < nedge) s += exp2_approx((x[k] - base) * kLog2e);  // -inf adds exp(-inf) = 0
+    st = {m, s};
+  }
 
   const uint4* body = reinterpret_cast<const uint4*>(seg + head);
   uint4 buf[kBatch];
