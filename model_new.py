@@ -342,8 +342,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   for (int parity = 0; chunk < p.chunks; parity ^= 1) {  // chunk is the same in every thread
     unsigned int claim = 0;
     if (threadIdx.x == 0 && !lone) claim = atomicAdd(claims, 1u);
-    float loss_sum = 0.f;    // leaders: this group's rows of the chunk, in order
-    unsigned int count = 0;  // leaders: those rows whose target is not ignore_index
+    float loss_sum = 0.f;    // leaders: this group's rows of the chunk, in order; 0 elsewhere
+    unsigned int count = 0;  // leaders: those rows whose target is not ignore_index; 0 elsewhere
 
     for (int r = 0; r < rounds; ++r, item_parity ^= 1) {
       const long long item = item_of(chunk, r);
@@ -392,7 +392,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
     // thread 0 sums the warps. Only that last step waits for the barrier, so the chunk costs
     // the CTA one barrier and a few shared-memory reads.
     if (p.splits == 1) {
-      if (!leader) loss_sum = 0.f, count = 0;
       for (int offset = group; offset < 32; offset <<= 1) {
         loss_sum += __shfl_xor_sync(0xffffffffu, loss_sum, offset);
         count += __shfl_xor_sync(0xffffffffu, count, offset);
