@@ -211,11 +211,16 @@ __device__ __forceinline__ float row_loss(Lse st, float x_target) {
 }
 
 // ------------------------------------------------------------------ reductions
-// Butterfly over `width` lanes (a power of two <= 32): every lane ends with the merged state.
-// Merging is commutative bit for bit, so all lanes agree and the result never depends on timing.
+// Butterfly over `width` lanes (a power of two <= 32): every lane ends with the merged state. The
+// max goes first, then each lane rescales its sum to it once and the sums go: one exp per lane,
+// where merging (m, s) pairs round by round costs two exps a round. Max and sum are both
+// commutative bit for bit, so all lanes agree and the result never depends on timing.
 __device__ __forceinline__ void lse_reduce_lanes(Lse& st, int width) {
-  for (int offset = width >> 1; offset > 0; offset >>= 1)
-    st = lse_merge(st, {__shfl_xor_sync(0xffffffffu, st.m, offset), __shfl_xor_sync(0xffffffffu, st.s, offset)});
+  float m = st.m;
+  for (int offset = width >> 1; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  float s = st.s * exp2_approx((st.m - safe_base(m)) * kLog2e);  // +inf max: inf - inf = NaN, as in PyTorch
+  for (int offset = width >> 1; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
+  st = {m, s};
 }
 
 template <class T>
