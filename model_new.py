@@ -183,7 +183,7 @@ __device__ __forceinline__ Lse lse_merge(Lse a, Lse b) {
 // The max runs on the stored words (packed pairs for 16-bit formats), so no unpacked copy of the
 // batch stays live across the two passes.
 template <class E>
-__device__ __forceinline__ Lse lse_add_batch(Lse st, const uint4 (&buf)[kBatch]) {
+__device__ __forceinline__ Lse lse_add_batch(Lse st, const uint4 (&buf)[kBatch], int nvalid = kBatch) {
   uint4 mx = buf[0];
 #pragma unroll
   for (int u = 1; u < kBatch; ++u) {
@@ -197,11 +197,12 @@ __device__ __forceinline__ Lse lse_add_batch(Lse st, const uint4 (&buf)[kBatch])
   float s0 = st.s * exp2_approx((st.m - base) * kLog2e), s1 = 0.f;
 #pragma unroll
   for (int u = 0; u < kBatch; ++u)
+    if (u < nvalid)  // the vectors past nvalid hold -inf: exp adds 0, so a partial batch skips them
 #pragma unroll
-    for (int i = 0; i < E::kPerVec; i += 2) {
-      s0 += exp2_approx((E::at(buf[u], i) - base) * kLog2e);
-      s1 += exp2_approx((E::at(buf[u], i + 1) - base) * kLog2e);
-    }
+      for (int i = 0; i < E::kPerVec; i += 2) {
+        s0 += exp2_approx((E::at(buf[u], i) - base) * kLog2e);
+        s1 += exp2_approx((E::at(buf[u], i + 1) - base) * kLog2e);
+      }
   return {m, s0 + s1};
 }
 
@@ -298,12 +299,10 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   // The last, partial batch: missing vectors read as -inf, which adds nothing.
   if (v0 < nvec) {
     const uint4 neg_inf = make_uint4(E::kNegInfWord, E::kNegInfWord, E::kNegInfWord, E::kNegInfWord);
+    const int nvalid = (nvec - v0 + group - 1) / group;  // this lane's vectors in the batch
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int v = v0 + u * group;
-      buf[u] = v < nvec ? load_vec(body + v) : neg_inf;
-    }
-    st = lse_add_batch<E>(st, buf);
+    for (int u = 0; u < kBatch; ++u) buf[u] = u < nvalid ? load_vec(body + v0 + u * group) : neg_inf;
+    st = lse_add_batch<E>(st, buf, nvalid);
   }
   return st;
 }
