@@ -37,12 +37,14 @@ _CUDA_SRC = r"""
 // formulation: it stays exact for huge logits). Rows whose target is -100 are skipped and not
 // counted; a target outside [0, C) yields NaN.
 //
-// Work decomposition (the host's _plan chooses splits, group and grid):
+// Work decomposition (the host's _plan chooses splits, group, tiles and grid):
 //   item  : a row, or one of `splits` segments of a row when rows are too few to fill the GPU;
 //   group : `group` consecutive threads (a power of two) that reduce one item together;
 //   chunk : `rounds` items per group of a CTA (the CTA's `groups` = kThreads / group groups
 //           take one item each per round); chunks interleave, so a round of neighbouring chunks
-//           covers neighbouring items.
+//           covers neighbouring items. Short rows (a few KB at most) come in tiles instead: a
+//           chunk is `tile_rows` whole rows, loaded by the whole CTA as one stretch of memory
+//           and reduced from shared memory (see "short rows" below).
 // CTA b takes chunks b and gridDim.x + b, then claims the next unclaimed chunk from a counter
 // while any are left. Claiming balances the end: with a fixed share each, CTAs on the same
 // tensor finished up to 30 us apart (SMs stream at different rates), and the last ones ran with
@@ -64,6 +66,7 @@ namespace {
 constexpr int kThreads = CE_THREADS;         // threads per CTA, shared with the host policy
 constexpr int kCtasPerSm = CE_CTAS_PER_SM;   // resident CTAs per SM: caps registers per thread
 constexpr int kBatch = CE_BATCH;             // 16-byte loads in flight per thread before first use
+constexpr int kTileTargets = CE_TILE_TARGETS;  // targets each thread loads per tile of short rows
 constexpr int kWarps = kThreads / 32;
 constexpr long long kIgnoreIndex = -100;     // PyTorch's default ignore_index
 constexpr float kLog2e = 1.4426950408889634f;
@@ -77,13 +80,14 @@ struct Params {
   float4* seg_partials;        // per item when splits > 1: (m, s, x_t, unused)
   long long rows, cols, row_stride, target_stride;
   long long items;             // rows * splits
-  long long chunks;            // the CTAs' work units: chunk_rounds items per group of a CTA
+  long long chunks;            // the CTAs' work units: chunk_rounds items per group of a CTA, or a tile
   int splits, seg_len, group, chunk_rounds;
+  int tile_rows;               // rows per tile where short rows are staged in shared memory; else 0
 };
 
 // ------------------------------------------------------------------ element formats
-// Each format turns the words of a 16-byte vector, or one scalar, into floats, and stores the
-// result. Conversions are spelled in PTX so the file needs no fp16 headers.
+// Each format turns the words of a 16-byte vector, or one stored element, into floats, and stores
+// the result. Conversions are spelled in PTX so the file needs no fp16 headers.
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -100,7 +104,7 @@ struct F32 {
   __device__ static float at(const uint4& v, int i) { return __uint_as_float(word(v, i)); }
   __device__ static uint32_t max2(uint32_t a, uint32_t b) { return __float_as_uint(fmaxf(__uint_as_float(a), __uint_as_float(b))); }
   __device__ static float word_max(uint32_t w) { return __uint_as_float(w); }
-  __device__ static float load(const Storage* p) { return __ldg(p); }
+  __device__ static float value(Storage x) { return x; }
   __device__ static void store(void* out, float v) { *static_cast<float*>(out) = v; }
 };
 
@@ -118,7 +122,7 @@ struct BF16 {
     return r;
   }
   __device__ static float word_max(uint32_t w) { return fmaxf(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u)); }
-  __device__ static float load(const Storage* p) { return __uint_as_float(uint32_t(__ldg(p)) << 16); }
+  __device__ static float value(Storage x) { return __uint_as_float(uint32_t(x) << 16); }
   __device__ static void store(void* out, float v) {
     unsigned short h;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
@@ -140,13 +144,17 @@ struct F16 {
     return r;
   }
   __device__ static float word_max(uint32_t w) { return fmaxf(half_bits_to_float(w & 0xffffu), half_bits_to_float(w >> 16)); }
-  __device__ static float load(const Storage* p) { return half_bits_to_float(__ldg(p)); }
+  __device__ static float value(Storage x) { return half_bits_to_float(x); }
   __device__ static void store(void* out, float v) {
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
     *static_cast<unsigned short*>(out) = h;
   }
 };
+
+// One scalar from global memory, as a float.
+template <class E>
+__device__ __forceinline__ float load_scalar(const typename E::Storage* p) { return E::value(__ldg(p)); }
 
 // ------------------------------------------------------------------ streaming loads
 // A plain 16-byte global load. Measured on the H100 (bench/PERF.md): the read-only path (.nc)
@@ -254,6 +262,18 @@ __device__ __forceinline__ void group_barrier(int id, int threads) {
 }
 
 // ------------------------------------------------------------------ one item
+// A stretch of `len` elements cut at 16-byte boundaries: `head` elements before the first
+// boundary, then `nvec` whole vectors, then fewer than kPerVec elements after them.
+struct Aligned {
+  int head, nvec;
+};
+template <class E>
+__device__ __forceinline__ Aligned align_stretch(const typename E::Storage* p, int len) {
+  const int misalign = int(reinterpret_cast<uintptr_t>(p) & 15) / int(sizeof(typename E::Storage));
+  const int head = min(misalign ? E::kPerVec - misalign : 0, len);
+  return {head, (len - head) / E::kPerVec};
+}
+
 // Folds columns [0, len) of `seg` into this thread's (m, s). The 16-byte-aligned body streams
 // through kBatch vectors per thread; the few elements before the first 16-byte boundary and after
 // the last are read as scalars, so any start address and row stride work, at full speed wherever
@@ -261,9 +281,7 @@ __device__ __forceinline__ void group_barrier(int id, int threads) {
 template <class E>
 __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, int len, int lane, int group) {
   Lse st = {-INFINITY, 0.f};
-  const int misalign = int(reinterpret_cast<uintptr_t>(seg) & 15) / int(sizeof(typename E::Storage));
-  const int head = min(misalign ? E::kPerVec - misalign : 0, len);
-  const int nvec = (len - head) / E::kPerVec;
+  const auto [head, nvec] = align_stretch<E>(seg, len);
   const int tail = head + nvec * E::kPerVec;
   // At most 2 * (kPerVec - 1) elements lie outside the aligned body. All their loads go out before
   // the first is used, so a short misaligned row waits for one round trip, not one per element.
@@ -274,7 +292,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
 #pragma unroll
     for (int k = 0; k < kMaxEdge; ++k) {
       const int e = lane + k * group;
-      x[k] = (k * group < nedge && e < nedge) ? E::load(seg + (e < head ? e : tail + (e - head))) : -INFINITY;
+      x[k] = (k * group < nedge && e < nedge) ? load_scalar<E>(seg + (e < head ? e : tail + (e - head))) : -INFINITY;
     }
     float m = x[0];
 #pragma unroll
@@ -307,14 +325,162 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   return st;
 }
 
-// ------------------------------------------------------------------ the kernel
+// ------------------------------------------------------------------ short rows: tiles in shared memory
+// Rows of a few KB give a group one or two batches each, and a thread waits a whole round trip
+// per row with nothing else in flight. Such rows are read instead as tiles: `tile_rows`
+// neighbouring rows lie in one stretch of memory, which the whole CTA loads with 16-byte vectors
+// (kBatch per thread, 32 KB) into registers, then stores to shared memory, where groups reduce
+// the rows. The next tile's loads are issued before the rows of this one are reduced, so each
+// CTA keeps a tile in flight all the time; the target logit comes from shared memory too.
+// (cp.async into two stages of shared memory instead, which frees those registers and keeps up to
+// two tiles in flight, measured slower: bench/PERF.md.)
+constexpr int kTileVecs = kThreads * kBatch;         // whole vectors a tile's stretch may hold
+constexpr int kTileRows = kThreads * kTileTargets;   // rows a tile may hold
+constexpr int kTargetIgnored = -1, kTargetBad = -2;  // a tile's targets, as stored in shared memory
+
+// A tile's rows and the memory that holds them: row0's first element and the stretch up to the
+// last row's last element, cut at 16-byte boundaries.
+template <class E>
+struct TileSpan {
+  long long row0;
+  int rows;
+  const typename E::Storage* first;
+  Aligned cut;
+  int nedge;  // elements outside the whole vectors: fewer than 2 * kPerVec
+};
+
+template <class E>
+__device__ __forceinline__ TileSpan<E> tile_span(const Params& p, long long tile) {
+  TileSpan<E> t;
+  t.row0 = tile * p.tile_rows;
+  t.rows = int(min((long long)p.tile_rows, p.rows - t.row0));
+  t.first = static_cast<const typename E::Storage*>(p.logits) + t.row0 * p.row_stride;
+  const int len = int((t.rows - 1) * p.row_stride + p.cols);
+  t.cut = align_stretch<E>(t.first, len);
+  t.nedge = len - t.cut.nvec * E::kPerVec;
+  return t;
+}
+
+// In shared memory, element e of the stretch sits at index kPerVec - head + e: its vectors fill
+// slots 1 to nvec, and the ends fall in slot 0 and slot nvec + 1.
+template <class E>
+__device__ __forceinline__ int tile_index(const TileSpan<E>& t, int e) { return E::kPerVec - t.cut.head + e; }
+
+// The edge elements, numbered 0 .. nedge-1: the head, then what follows the vectors.
+template <class E>
+__device__ __forceinline__ int tile_edge_element(const TileSpan<E>& t, int k) {
+  return k < t.cut.head ? k : k + t.cut.nvec * E::kPerVec;
+}
+
+__device__ __forceinline__ int target_code(long long target, long long cols) {
+  return target == kIgnoreIndex ? kTargetIgnored : (target >= 0 && target < cols) ? int(target) : kTargetBad;
+}
+
+// One tile on its way from global memory: thread i holds vectors i, i + kThreads, ..., at most one
+// edge element, and the targets of rows i, i + kThreads, ...
 template <class E, class Target>
+struct TileLoads {
+  uint4 vec[kBatch];
+  typename E::Storage edge;
+  Target target[kTileTargets];
+
+  __device__ __forceinline__ void issue(const Params& p, const TileSpan<E>& t) {
+    const uint4* body = reinterpret_cast<const uint4*>(t.first + t.cut.head);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (threadIdx.x + u * kThreads < t.cut.nvec) vec[u] = load_vec(body + threadIdx.x + u * kThreads);
+    if (threadIdx.x < t.nedge) edge = t.first[tile_edge_element(t, threadIdx.x)];
+    const Target* targets = static_cast<const Target*>(p.targets);
+#pragma unroll
+    for (int k = 0; k < kTileTargets; ++k)
+      if (threadIdx.x + k * kThreads < t.rows) target[k] = targets[(t.row0 + threadIdx.x + k * kThreads) * p.target_stride];
+  }
+
+  // Waits for the loads. The caller makes sure no thread still reads the previous tile.
+  __device__ __forceinline__ void store(const Params& p, const TileSpan<E>& t, uint4* vecs, int* targets) const {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (threadIdx.x + u * kThreads < t.cut.nvec) vecs[1 + threadIdx.x + u * kThreads] = vec[u];
+    if (threadIdx.x < t.nedge)
+      reinterpret_cast<typename E::Storage*>(vecs)[tile_index(t, tile_edge_element(t, threadIdx.x))] = edge;
+#pragma unroll
+    for (int k = 0; k < kTileTargets; ++k)
+      if (threadIdx.x + k * kThreads < t.rows) targets[threadIdx.x + k * kThreads] = target_code(target[k], p.cols);
+  }
+};
+
+// A row in shared memory, reduced by its group in two sweeps: the max first, agreed on by the
+// group, then the sum of exp against that one base. Reading the row twice from shared memory costs
+// less than rescaling a running sum batch by batch, and holds no batch in registers while the
+// next tile's loads do. Every lane of the warp must call it (len 0 for rows it skips).
+template <class E>
+__device__ __forceinline__ Lse row_lse_shared(const typename E::Storage* x, int len, int lane, int group) {
+  // Rows of a few vectors are all edge: element by element costs less than cutting them up.
+  const Aligned cut = len < 4 * E::kPerVec ? Aligned{len, 0} : align_stretch<E>(x, len);
+  const int head = cut.head, nvec = cut.nvec;
+  const uint4* body = reinterpret_cast<const uint4*>(x + head);
+  const int tail = head + nvec * E::kPerVec, nedge = len - nvec * E::kPerVec;
+  auto edge = [&](int k) { return E::value(x[k < head ? k : tail + (k - head)]); };
+
+  uint32_t mx = E::kNegInfWord;
+  for (int v = lane; v < nvec; v += group) {
+    const uint4 q = body[v];
+    mx = E::max2(mx, E::max2(E::max2(q.x, q.y), E::max2(q.z, q.w)));
+  }
+  float m = E::word_max(mx);
+  for (int k = lane; k < nedge; k += group) m = fmaxf(m, edge(k));
+  for (int offset = group >> 1; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+
+  const float base = safe_base(m);
+  float s0 = 0.f, s1 = 0.f;
+  for (int v = lane; v < nvec; v += group) {
+    const uint4 q = body[v];
+#pragma unroll
+    for (int i = 0; i < E::kPerVec; i += 2) {
+      s0 += exp2_approx((E::at(q, i) - base) * kLog2e);
+      s1 += exp2_approx((E::at(q, i + 1) - base) * kLog2e);
+    }
+  }
+  for (int k = lane; k < nedge; k += group) s0 += exp2_approx((edge(k) - base) * kLog2e);
+  float s = s0 + s1;
+  for (int offset = group >> 1; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
+  return {m, s};
+}
+
+// The rows of a tile in shared memory, a row per group at a time; leaders add their rows' losses
+// and counts.
+template <class E>
+__device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t, const uint4* vecs, const int* targets,
+                                          int lane, int group, float& loss_sum, unsigned int& count) {
+  const auto* tile = reinterpret_cast<const typename E::Storage*>(vecs) + tile_index(t, 0);
+  const int groups = kThreads / group;
+  // The same trip count in every thread, so the group's shuffles never diverge.
+  const int sweeps = (t.rows + groups - 1) / groups;
+  for (int k = 0; k < sweeps; ++k) {
+    const int r = k * groups + int(threadIdx.x) / group;
+    const int target = r < t.rows ? targets[r] : kTargetIgnored;
+    const auto* x = tile + r * int(p.row_stride);
+    // Ignored rows and bad targets need no sum: they read nothing.
+    const Lse st = row_lse_shared<E>(x, target >= 0 ? int(p.cols) : 0, lane, group);
+    if (lane == 0 && target != kTargetIgnored) {
+      loss_sum += target >= 0 ? row_loss(st, E::value(x[target])) : __int_as_float(0x7fc00000);
+      ++count;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ the kernel
+// kTiled: a chunk is a tile of whole short rows, staged through shared memory; otherwise rows
+// (or segments) stream through registers, a group per item.
+template <class E, class Target, bool kTiled>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kernel(const Params p) {
   __shared__ float2 warp_state[2][kWarps];     // (m, s) per warp, by item parity
   __shared__ float2 warp_sums[2][kWarps];      // (loss sum, count as bits) per warp, by chunk parity
   __shared__ long long claimed[2];             // the chunk after next, by chunk parity
   __shared__ Total final_scratch[kWarps];
   __shared__ bool is_last_cta;
+  __shared__ uint4 tile_vecs[kTiled ? kTileVecs + 2 : 1];  // a tile's vectors, a spare slot at each end
+  __shared__ int tile_targets[kTiled ? kTileRows : 1];
 
   const int group = p.group;
   const int lane = threadIdx.x & (group - 1);
@@ -338,7 +504,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
     return item < p.items ? (long long)targets[row_of(item) * p.target_stride] : kIgnoreIndex;
   };
   long long chunk = blockIdx.x, next_chunk = (long long)gridDim.x + blockIdx.x;
-  long long next_target = load_target(item_of(chunk, 0));
+  long long next_target = kTiled ? 0 : load_target(item_of(chunk, 0));
+  TileLoads<E, Target> tile;  // tiles: the next one, in flight
+  if (kTiled && chunk < p.chunks) tile.issue(p, tile_span<E>(p, chunk));
   float lone_sum = 0.f;  // thread 0 of a lone CTA: the chunks' sums, in order
   unsigned int lone_count = 0;
   int item_parity = 0;
@@ -349,7 +517,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
     float loss_sum = 0.f;    // leaders: this group's rows of the chunk, in order; 0 elsewhere
     unsigned int count = 0;  // leaders: those rows whose target is not ignore_index; 0 elsewhere
 
-    for (int r = 0; r < rounds; ++r, item_parity ^= 1) {
+    if constexpr (kTiled) {
+      // The last chunk's barrier below is past every read of the previous tile.
+      const TileSpan<E> span = tile_span<E>(p, chunk);
+      tile.store(p, span, tile_vecs, tile_targets);
+      if (next_chunk < p.chunks) tile.issue(p, tile_span<E>(p, next_chunk));
+      __syncthreads();
+      tile_loss<E>(p, span, tile_vecs, tile_targets, lane, group, loss_sum, count);
+    }
+    for (int r = 0; !kTiled && r < rounds; ++r, item_parity ^= 1) {
       const long long item = item_of(chunk, r);
       const long long target = next_target;
       next_target = load_target(r + 1 < rounds ? item_of(chunk, r + 1) : item_of(next_chunk, 0));
@@ -363,7 +539,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
         const int len = int(min((long long)p.seg_len, p.cols - c0));
         // Issued before the stream, so its latency hides behind it; the stream then finds this
         // sector in L2, so HBM still sees each logit once.
-        if (leader && target >= c0 && target < c0 + len) x_target = E::load(seg + (target - c0));
+        if (leader && target >= c0 && target < c0 + len) x_target = load_scalar<E>(seg + (target - c0));
         st = reduce_segment<E>(seg, len, lane, group);
       }
 
@@ -485,7 +661,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
 
 template <class E, class Target>
 void launch_typed(const Params& p, int grid, cudaStream_t stream) {
-  cross_entropy_mean_kernel<E, Target><<<grid, kThreads, 0, stream>>>(p);
+  if (p.tile_rows > 0) cross_entropy_mean_kernel<E, Target, true><<<grid, kThreads, 0, stream>>>(p);
+  else cross_entropy_mean_kernel<E, Target, false><<<grid, kThreads, 0, stream>>>(p);
 }
 
 template <class E>
@@ -500,7 +677,7 @@ void launch_for_targets(const Params& p, int target_bytes, int grid, cudaStream_
 void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t counter,
                                uintptr_t chunk_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
-                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks, int64_t grid,
+                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks, int64_t tile_rows, int64_t grid,
                                int64_t device, uintptr_t stream) {
   Params p;
   p.logits = reinterpret_cast<const void*>(logits);
@@ -519,6 +696,7 @@ void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t ou
   p.splits = int(splits);
   p.seg_len = int(seg_len);
   p.group = int(group);
+  p.tile_rows = int(tile_rows);
 
   int previous = 0;
   cudaGetDevice(&previous);
@@ -541,7 +719,7 @@ _CPP_SRC = r"""
 void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t counter,
                                uintptr_t chunk_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
-                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks, int64_t grid,
+                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks, int64_t tile_rows, int64_t grid,
                                int64_t device, uintptr_t stream);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -557,6 +735,9 @@ _BATCH = 8              # 16-byte loads each thread issues together (the kernel'
 _VECS_PER_THREAD = 16   # 16-byte vectors per thread and item (two batches), where rows are long enough
 _MAX_SEG = 1 << 30      # in-segment column indices are 32-bit
 _CLAIM_BYTES = 16 << 10 # a CTA's round reads at least this much: claim chunks of one round
+_TILE_BYTES = _THREADS * _BATCH * 16  # a tile of short rows: one batch of every thread of a CTA
+_TILE_TARGETS = 4       # targets per thread and tile (the kernel's kTileTargets)
+_TILE_MIN_ROWS = 8      # rows shorter than an eighth of a tile are staged through shared memory
 _IGNORE_INDEX = -100
 
 
@@ -566,18 +747,42 @@ class _Plan(NamedTuple):
     splits: int  # segments per row
     seg_len: int # columns per segment (a multiple of the vector width)
     rounds: int  # items per group in a chunk
-    chunks: int  # work units the CTAs claim: `rounds` items per group of a CTA
+    chunks: int  # work units the CTAs claim: `rounds` items per group of a CTA, or a tile
+    tile_rows: int = 0  # short rows: rows per tile staged through shared memory; 0: rows in registers
 
 
 def _pow2_at_least(x):
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
+def _tile_rows(rows, cols, row_stride, elem_bytes, max_grid):
+    """Rows per shared-memory tile for short rows, or 0 where rows are too long to stage. A tile is
+    the stretch from its first row's first element to its last row's last, gaps included, so rows
+    further apart than a little over their length are not staged: the gaps would be read too."""
+    span = _TILE_BYTES // elem_bytes
+    stride = row_stride if rows > 1 else cols
+    if cols > span or stride > cols + max(cols // 8, 32 // elem_bytes):
+        return 0
+    fit = min(_THREADS * _TILE_TARGETS, 1 + (span - cols) // stride if stride else span)
+    if fit < _TILE_MIN_ROWS:
+        return 0
+    # Smaller tiles where the rows would not fill every CTA with one tile each.
+    return max(1, min(fit, -(-rows // max_grid)))
+
+
 @functools.lru_cache(maxsize=512)
-def _plan(rows, cols, elem_bytes, num_sms):
-    """Launch shape for an (rows, cols) problem with elem_bytes-wide logits on num_sms SMs."""
+def _plan(rows, cols, row_stride, elem_bytes, num_sms):
+    """Launch shape for an (rows, cols) problem with elem_bytes-wide logits, row_stride elements
+    apart, on num_sms SMs."""
     per_vec = 16 // elem_bytes
     max_grid = num_sms * _CTAS_PER_SM
+    tile_rows = _tile_rows(rows, cols, row_stride, elem_bytes, max_grid)
+    if tile_rows:
+        # A group of a power of two threads (at most a warp) per row, so that the CTA's groups
+        # cover the tile's rows about once over.
+        group = 1 << min(5, max(0, (_THREADS // tile_rows).bit_length() - 1))
+        chunks = -(-rows // tile_rows)
+        return _Plan(max(1, min(max_grid, chunks)), group, 1, -(-cols // per_vec) * per_vec, 1, chunks, tile_rows)
     row_vecs = -(-cols // per_vec)
     splits = -(-cols // _MAX_SEG)
     # Fewer rows than CTAs: cut each row into segments so that every SM streams, as long as a
@@ -619,6 +824,7 @@ def _workspace_layout(plan, rows):
 # build short.
 def _nvcc_flags(arch_flags):
     return ["-O3", "-std=c++17", f"-DCE_THREADS={_THREADS}", f"-DCE_CTAS_PER_SM={_CTAS_PER_SM}", f"-DCE_BATCH={_BATCH}",
+            f"-DCE_TILE_TARGETS={_TILE_TARGETS}",
             *arch_flags]
 
 
@@ -715,7 +921,7 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
     if check_targets:
         _first_bad_target(targets, cols)
     device = logits.device
-    plan = _plan(rows, cols, logits.element_size(), _num_sms(device.index))
+    plan = _plan(rows, cols, logits.stride(0), logits.element_size(), _num_sms(device.index))
     part_off, seg_off, nbytes = _workspace_layout(plan, rows)
     stream = torch.cuda.current_stream(device)
     ws = _workspace(device, stream, nbytes)
@@ -724,7 +930,7 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
     _ext.launch(logits.data_ptr(), targets.data_ptr(), out.data_ptr(), base, base + part_off, base + seg_off,
                 rows, cols, logits.stride(0), targets.stride(0) if rows else 1,
                 _DTYPE_CODES[logits.dtype], targets.element_size(),
-                plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks, plan.grid, device.index,
+                plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks, plan.tile_rows, plan.grid, device.index,
                 stream.cuda_stream)
     return out
 

@@ -9,6 +9,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 SHAPES = [(32768, 4096), (4096, 129), (1000, 10), (1000000, 10), (257, 4099), (16, 256000), (3, 100003),
           (1, 4096), (1, 1), (5, 1), (2, 3), (0, 17)]
 
+# A shape for each of the kernel's paths: short rows in shared-memory tiles, rows in registers
+# (test_plan checks that they take them, in every dtype).
+PATHS = {"tiled": (512, 77), "registers": (64, 5000)}
+
 
 def logits(rows, cols, dtype, device="cuda", scale=4.0):
     return (torch.randn(rows, cols, device=device) * scale).to(dtype)
@@ -21,8 +25,10 @@ def targets(rows, cols, dtype=torch.int64, device="cuda"):
 def views(rows, cols, dtype, device="cuda"):
     """(name, tensor) pairs: logits that are not plain contiguous (rows, cols) tensors."""
     base = logits(rows + 1, cols + 3, dtype, device)
+    flat = logits(1, rows * cols + 1, dtype, device)[0]
     return [
         ("unaligned start", base[:rows, 1:cols + 1]),   # first element off the 16-byte grid, stride C+3
+        ("unaligned dense", flat[1:].view(rows, cols)),  # rows back to back, off the 16-byte grid
         ("padded rows", base[:rows, :cols]),            # aligned start, row stride C+3
         ("offset rows", base[1:, :cols]),
         ("transposed", logits(cols, rows, dtype, device).t()),  # columns not adjacent

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from cases import DTYPES, SHAPES, logits, reference, targets, views
+from cases import DTYPES, PATHS, SHAPES, logits, reference, targets, views
 from conftest import CUDA, ROOT, requires_cuda
 
 pytestmark = requires_cuda
@@ -43,7 +43,7 @@ def test_matches_float64(model, rows, cols, dtype, tdtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("rows, cols", [(300, 1000), (64, 4099), (5, 33), (16, 256000)])
+@pytest.mark.parametrize("rows, cols", [(300, 1000), (3000, 10), (64, 4099), (5, 33), (16, 256000)])
 def test_views(model, rows, cols, dtype):
     t = targets(rows, cols)
     for name, x in views(rows, cols, dtype):
@@ -61,17 +61,18 @@ def test_kernelbench_inputs(model):
     assert_matches(model(x, t), x, t)
 
 
-def test_huge_magnitudes_do_not_overflow(model):
-    x = torch.randn(512, 1000, device="cuda") * 1e30
-    t = targets(512, 1000)
+@pytest.mark.parametrize("path", PATHS)
+def test_huge_magnitudes_do_not_overflow(model, path):
+    x = torch.randn(*PATHS[path], device="cuda") * 1e30
+    t = targets(*PATHS[path])
     assert_matches(model(x, t), x, t)
     same = torch.full((4, 4096), 1e30, device="cuda")  # every class equal: loss log(C), exactly
     out = model(same, targets(4, 4096))
     assert abs(out.item() - torch.log(torch.tensor(4096.0)).item()) < 1e-5
 
 
-def special_rows():
-    x = torch.randn(8, 64, device="cuda")
+def special_rows(cols):
+    x = torch.randn(8, cols, device="cuda")
     t = torch.arange(8, device="cuda")
     x[1, :] = float("-inf")          # all -inf: NaN
     x[2, 2] = float("-inf")          # -inf at the target: +inf
@@ -83,8 +84,9 @@ def special_rows():
 
 @pytest.mark.parametrize("row", range(6))
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-def test_inf_and_nan_like_pytorch(model, row, dtype):
-    x, t = special_rows()
+@pytest.mark.parametrize("cols", [64, 5000], ids=["tiled", "registers"])
+def test_inf_and_nan_like_pytorch(model, row, dtype, cols):
+    x, t = special_rows(cols)
     x, t = x[row:row + 1].to(dtype), t[row:row + 1]
     expected = torch.nn.functional.cross_entropy(x.float(), t)
     got = model(x, t).float()
@@ -94,15 +96,17 @@ def test_inf_and_nan_like_pytorch(model, row, dtype):
         assert torch.allclose(got, expected, rtol=1e-2), (got, expected)
 
 
-def test_special_rows_poison_the_mean_like_pytorch(model):
-    x, t = special_rows()
+@pytest.mark.parametrize("cols", [64, 5000], ids=["tiled", "registers"])
+def test_special_rows_poison_the_mean_like_pytorch(model, cols):
+    x, t = special_rows(cols)
     for rows in ([0, 3], [0, 2], [0, 1], [0, 4], [0, 5]):
         expected = torch.nn.functional.cross_entropy(x[rows], t[rows])
         torch.testing.assert_close(model(x[rows], t[rows]), expected, equal_nan=True, rtol=1e-5, atol=0)
 
 
-def test_ignore_index(model):
-    x, t = logits(1000, 77, torch.float32), targets(1000, 77)
+@pytest.mark.parametrize("path", PATHS)
+def test_ignore_index(model, path):
+    x, t = logits(*PATHS[path], torch.float32), targets(*PATHS[path])
     t[::3] = -100
     assert_matches(model(x, t), x, t)
     torch.testing.assert_close(model(x, t), torch.nn.functional.cross_entropy(x, t), rtol=1e-5, atol=0)
@@ -117,7 +121,7 @@ def test_ignore_index_in_split_rows(model):
 
 
 @pytest.mark.parametrize("bad", ["-1", "cols", "10**12", "-101"])
-@pytest.mark.parametrize("rows, cols", [(1000, 77), (4, 300000)])
+@pytest.mark.parametrize("rows, cols", [(1000, 77), (64, 5000), (4, 300000)])
 def test_out_of_range_target_gives_nan(model, bad, rows, cols):
     x, t = logits(rows, cols, torch.float32), targets(rows, cols)
     t[rows // 2] = eval(bad, {"cols": cols})
@@ -155,6 +159,7 @@ def test_empty_batch_gives_nan(model):
 
 
 @pytest.mark.parametrize("rows, cols, dtype", [(524416, 4096, torch.bfloat16),   # N*C = 2^31 + 2^16
+                                               (2147500, 1000, torch.bfloat16),  # the same in tiles
                                                (1, 2**31 + 9, torch.float16)])   # one row past 2^31
 def test_more_than_2_31_elements(model, rows, cols, dtype):
     if torch.cuda.get_device_properties(0).total_memory < 24 * 2**30:

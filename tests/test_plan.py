@@ -14,7 +14,7 @@ SHAPES = [(0, 7), (1, 1), (1, 4096), (3, 5), (4096, 129), (32768, 4096), (4096, 
 @pytest.mark.parametrize("elem_bytes", [4, 2])
 @pytest.mark.parametrize("sms", [132, 108, 1])
 def test_plan_is_legal(rows, cols, elem_bytes, sms):
-    p = _plan(rows, cols, elem_bytes, sms)
+    p = _plan(rows, cols, cols, elem_bytes, sms)
     per_vec = 16 // elem_bytes
     assert 1 <= p.grid <= max(1, sms * model_new._CTAS_PER_SM)
     assert p.group & (p.group - 1) == 0 and 1 <= p.group <= model_new._THREADS
@@ -23,19 +23,23 @@ def test_plan_is_legal(rows, cols, elem_bytes, sms):
     assert (p.splits - 1) * p.seg_len < cols <= p.splits * p.seg_len
     # items per CTA fit in a 32-bit count
     assert rows * p.splits // p.grid < 2**31
+    if p.tile_rows:  # a tile's stretch fits the CTA's one batch of vectors, its targets one slot each
+        assert p.splits == 1 and p.group <= 32
+        assert ((p.tile_rows - 1) * cols + cols) * elem_bytes <= model_new._TILE_BYTES
+        assert p.tile_rows <= model_new._THREADS * model_new._TILE_TARGETS
 
 
 def test_headline_shape_fills_the_gpu_with_whole_rows():
-    p = _plan(32768, 4096, 4, 132)
-    assert p.splits == 1 and p.grid >= 0.95 * 132 * model_new._CTAS_PER_SM
+    p = _plan(32768, 4096, 4096, 4, 132)
+    assert p.splits == 1 and p.tile_rows == 0 and p.grid >= 0.95 * 132 * model_new._CTAS_PER_SM
     assert p.group * model_new._VECS_PER_THREAD * 16 >= 4096 * 4  # each thread's share fits its vector budget
 
 
 @pytest.mark.parametrize("rows, cols", SHAPES)
 @pytest.mark.parametrize("elem_bytes", [4, 2])
 def test_chunks_cover_the_items_and_fill_the_grid(rows, cols, elem_bytes):
-    p = _plan(rows, cols, elem_bytes, 132)
-    per_chunk = model_new._THREADS // p.group * p.rounds  # items per chunk
+    p = _plan(rows, cols, cols, elem_bytes, 132)
+    per_chunk = p.tile_rows or model_new._THREADS // p.group * p.rounds  # items per chunk
     items = rows * p.splits
     assert (p.chunks - 1) * per_chunk < items <= p.chunks * per_chunk or items == p.chunks == 0
     # every CTA that fits, unless there are fewer chunks than that: the claims balance the rest
@@ -45,25 +49,45 @@ def test_chunks_cover_the_items_and_fill_the_grid(rows, cols, elem_bytes):
 
 
 def test_few_long_rows_are_split_across_ctas():
-    p = _plan(16, 256000, 4, 132)
+    p = _plan(16, 256000, 256000, 4, 132)
     assert p.splits >= 8 and p.grid >= 128
 
 
-def test_small_rows_use_small_groups():
-    assert _plan(1000000, 10, 4, 132).group == 1
-    assert _plan(65536, 1000, 4, 132).group <= 32
+def test_short_rows_are_staged_in_tiles_that_fill_the_gpu():
+    p = _plan(1000000, 10, 10, 2, 132)  # 20-byte rows: a thread per row, the most rows a tile takes
+    assert p.group == 1 and p.tile_rows == model_new._THREADS * model_new._TILE_TARGETS
+    p = _plan(65536, 1000, 1000, 2, 132)  # 2000-byte rows: 16 to a 32 KB tile, 16 threads each
+    assert p.tile_rows == 16 and p.group == 16 and p.chunks == 4096
+    p = _plan(4096, 129, 129, 4, 132)  # a small problem: tiles shrink until every CTA has one
+    assert p.grid == p.chunks > 0.9 * 132 * model_new._CTAS_PER_SM and p.group * p.tile_rows <= model_new._THREADS
+    assert _plan(1, 4096, 4096, 2, 132).tile_rows == 0  # 8 KB: too long to stage
+
+
+@pytest.mark.parametrize("elem_bytes", [4, 2])
+def test_gpu_test_shapes_take_the_path_they_test(elem_bytes):
+    from cases import PATHS
+    assert _plan(*PATHS["tiled"], PATHS["tiled"][1], elem_bytes, 132).tile_rows > 0
+    assert _plan(*PATHS["registers"], PATHS["registers"][1], elem_bytes, 132).tile_rows == 0
+    for cols in (64, 5000):  # special_rows
+        assert (_plan(8, cols, cols, elem_bytes, 132).tile_rows > 0) == (cols == 64)
+
+
+def test_rows_far_apart_stream_through_registers():
+    assert _plan(300, 1000, 1003, 4, 132).tile_rows > 0  # a small gap is read along with the rows
+    assert _plan(300, 1000, 10000, 4, 132).tile_rows == 0  # a large one is not
+    assert _plan(100, 10, 0, 4, 132).tile_rows > 0  # every row the same memory (an expanded tensor)
 
 
 def test_long_rows_are_claimed_a_round_at_a_time_and_short_rows_are_shared_out():
-    long_rows = _plan(32768, 4096, 4, 132)  # 64 KB a round: claims balance the end
+    long_rows = _plan(32768, 4096, 4096, 4, 132)  # 64 KB a round: claims balance the end
     assert long_rows.rounds == 1 and long_rows.chunks > 8 * long_rows.grid
-    short = _plan(1000000, 10, 4, 132)  # 10 KB a round: one chunk per CTA
-    assert short.rounds > 1 and short.chunks == short.grid
+    short = _plan(1000000, 10, 4096, 4, 132)  # short rows far apart: 10 KB a round, one chunk per CTA
+    assert short.tile_rows == 0 and short.rounds > 1 and short.chunks == short.grid
 
 
 def test_workspace_layout_is_aligned():
     for rows, cols in itertools.product([1, 5, 70000], [3, 4096, 300000]):
-        p = _plan(rows, cols, 4, 132)
+        p = _plan(rows, cols, cols, 4, 132)
         part_off, seg_off, nbytes = model_new._workspace_layout(p, rows)
         assert part_off >= 8 and part_off % 16 == 0 and seg_off % 16 == 0  # two counters first
         if p.splits == 1:
