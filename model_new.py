@@ -184,11 +184,28 @@ __device__ __forceinline__ Lse lse_merge(Lse a, Lse b) {
   return {m, a.s * exp2_approx((a.m - base) * kLog2e) + b.s * exp2_approx((b.m - base) * kLog2e)};
 }
 
-// One batch of vectors: one rescale of the running sum, then one exp per element. x - base comes
-// first and the multiply by log2(e) second: folding both into one FMA loses the exactness of
-// x - m near the max, which matters for logits of large magnitude.
-// The max runs on the stored words (packed pairs for 16-bit formats), so no unpacked copy of the
-// batch stays live across the two passes.
+// Sum of exp(x - base) over a lane's values, each as exp2 of one FMA: x * log2(e) - c, with
+// c = base * log2(e) rounded. The rounding error of that product, d = c - base * log2(e), is exact
+// (an FMA gives it) and shifts every exponent alike, so the sum comes out scaled by exactly 2^-d and
+// is corrected once. Each exponent is then rounded once, where (x - base) * log2(e) rounds twice,
+// and costs one instruction instead of two. A base this large or larger (or not finite) takes the
+// two-instruction form: there d would be as large as the exponents themselves.
+// sum_exp2(exponent) must return the lane's sum of exp2(exponent(x)).
+constexpr float kFoldLimit = 0x1p20f;
+
+template <class SumExp2>
+__device__ __forceinline__ float sum_exp(float base, SumExp2 sum_exp2) {
+  if (fabsf(base) < kFoldLimit) {
+    const float c = base * kLog2e;
+    return sum_exp2([c](float x) { return fmaf(x, kLog2e, -c); }) * exp2_approx(-fmaf(base, kLog2e, -c));
+  }
+  return sum_exp2([base](float x) { return (x - base) * kLog2e; });
+}
+
+// One batch of vectors: one rescale of the running sum, then one exp per element. The max runs on
+// the stored words (packed pairs for 16-bit formats), so no unpacked copy of the batch stays live
+// across the two passes. The exponent stays (x - base) * log2(e) here: sum_exp's folded form
+// measured no faster on rows streamed through registers, whose pace the loads set (bench/PERF.md).
 template <class E>
 __device__ __forceinline__ Lse lse_add_batch(Lse st, const uint4 (&buf)[kBatch], int nvalid = kBatch) {
   uint4 mx = buf[0];
@@ -375,6 +392,13 @@ __device__ __forceinline__ int target_code(long long target, long long cols) {
   return target == kIgnoreIndex ? kTargetIgnored : (target >= 0 && target < cols) ? int(target) : kTargetBad;
 }
 
+// A 16-byte store to a shared-memory address held in one 32-bit register: through a generic
+// pointer the compiler rebuilt the shared window's address before each predicated store.
+__device__ __forceinline__ void store_shared(uint32_t address, const uint4& v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // One tile on its way from global memory: thread i holds vectors i, i + kThreads, ..., at most one
 // edge element, and the targets of rows i, i + kThreads, ...
 template <class E, class Target>
@@ -397,9 +421,11 @@ struct TileLoads {
 
   // Waits for the loads. The caller makes sure no thread still reads the previous tile.
   __device__ __forceinline__ void store(const Params& p, const TileSpan<E>& t, uint4* vecs, int* targets) const {
+    uint32_t slot = static_cast<uint32_t>(__cvta_generic_to_shared(vecs + 1 + threadIdx.x));
+    asm("" : "+r"(slot));  // kept in its register: rebuilt per store otherwise (see store_shared)
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
-      if (threadIdx.x + u * kThreads < t.cut.nvec) vecs[1 + threadIdx.x + u * kThreads] = vec[u];
+      if (threadIdx.x + u * kThreads < t.cut.nvec) store_shared(slot + u * kThreads * sizeof(uint4), vec[u]);
     if (threadIdx.x < t.nedge)
       reinterpret_cast<typename E::Storage*>(vecs)[tile_index(t, tile_edge_element(t, threadIdx.x))] = edge;
 #pragma unroll
@@ -411,19 +437,23 @@ struct TileLoads {
 // A row in shared memory, reduced by its group in two sweeps: the max first, agreed on by the
 // group, then the sum of exp against that one base. Reading the row twice from shared memory costs
 // less than rescaling a running sum batch by batch, and holds no batch in registers while the
-// next tile's loads do. Every lane of the warp must call it (len 0 for rows it skips).
+// next tile's loads do. The row is elements [start, start + len) of the tile, whose slot 0 is
+// 16-byte aligned, so the row's cut at 16-byte boundaries follows from start alone. Every lane of
+// the warp must call it (len 0 for rows it skips).
 template <class E>
-__device__ __forceinline__ Lse row_lse_shared(const typename E::Storage* x, int len, int lane, int group) {
+__device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int len, int lane, int group) {
+  const auto* elems = reinterpret_cast<const typename E::Storage*>(tile);
   // Rows of a few vectors are all edge: element by element costs less than cutting them up.
-  const Aligned cut = len < 4 * E::kPerVec ? Aligned{len, 0} : align_stretch<E>(x, len);
-  const int head = cut.head, nvec = cut.nvec;
-  const uint4* body = reinterpret_cast<const uint4*>(x + head);
+  const int head = len < 4 * E::kPerVec ? len : (-start) & (E::kPerVec - 1);
+  const int nvec = (len - head) / E::kPerVec;
+  const uint4* const body = tile + unsigned(start + head) / E::kPerVec;
+  const uint4* const end = body + nvec;
   const int tail = head + nvec * E::kPerVec, nedge = len - nvec * E::kPerVec;
-  auto edge = [&](int k) { return E::value(x[k < head ? k : tail + (k - head)]); };
+  auto edge = [&](int k) { return E::value(elems[start + (k < head ? k : tail + (k - head))]); };
 
   uint32_t mx = E::kNegInfWord;
-  for (int v = lane; v < nvec; v += group) {
-    const uint4 q = body[v];
+  for (const uint4* v = body + lane; v < end; v += group) {
+    const uint4 q = *v;
     mx = E::max2(mx, E::max2(E::max2(q.x, q.y), E::max2(q.z, q.w)));
   }
   float m = E::word_max(mx);
@@ -431,17 +461,19 @@ __device__ __forceinline__ Lse row_lse_shared(const typename E::Storage* x, int 
   for (int offset = group >> 1; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
 
   const float base = safe_base(m);
-  float s0 = 0.f, s1 = 0.f;
-  for (int v = lane; v < nvec; v += group) {
-    const uint4 q = body[v];
+  float s = sum_exp(base, [&](auto exponent) {
+    float s0 = 0.f, s1 = 0.f;
+    for (const uint4* v = body + lane; v < end; v += group) {
+      const uint4 q = *v;
 #pragma unroll
-    for (int i = 0; i < E::kPerVec; i += 2) {
-      s0 += exp2_approx((E::at(q, i) - base) * kLog2e);
-      s1 += exp2_approx((E::at(q, i + 1) - base) * kLog2e);
+      for (int i = 0; i < E::kPerVec; i += 2) {
+        s0 += exp2_approx(exponent(E::at(q, i)));
+        s1 += exp2_approx(exponent(E::at(q, i + 1)));
+      }
     }
-  }
-  for (int k = lane; k < nedge; k += group) s0 += exp2_approx((edge(k) - base) * kLog2e);
-  float s = s0 + s1;
+    for (int k = lane; k < nedge; k += group) s0 += exp2_approx(exponent(edge(k)));
+    return s0 + s1;
+  });
   for (int offset = group >> 1; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
   return {m, s};
 }
@@ -451,20 +483,20 @@ __device__ __forceinline__ Lse row_lse_shared(const typename E::Storage* x, int 
 template <class E>
 __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t, const uint4* vecs, const int* targets,
                                           int lane, int group, float& loss_sum, unsigned int& count) {
-  const auto* tile = reinterpret_cast<const typename E::Storage*>(vecs) + tile_index(t, 0);
-  // groups and the group index are the kernel's too; taking them from the kernel (or as shifts)
-  // measured 4-6% slower at 1000000 x 10 in 16-bit formats (bench/PERF.md), so they are recomputed.
-  const int groups = kThreads / group;
+  const auto* elems = reinterpret_cast<const typename E::Storage*>(vecs);
+  // group is a power of two: shifts, where divisions cost three conversions each.
+  const int shift = __ffs(group) - 1;
+  const int groups = kThreads >> shift;
   // The same trip count in every thread, so the group's shuffles never diverge.
-  const int sweeps = (t.rows + groups - 1) / groups;
+  const int sweeps = (t.rows + groups - 1) >> (__ffs(kThreads) - 1 - shift);
   for (int k = 0; k < sweeps; ++k) {
-    const int r = k * groups + int(threadIdx.x) / group;
+    const int r = k * groups + (int(threadIdx.x) >> shift);
     const int target = r < t.rows ? targets[r] : kTargetIgnored;
-    const auto* x = tile + r * int(p.row_stride);
+    const int start = tile_index(t, r * int(p.row_stride));
     // Ignored rows and bad targets need no sum: they read nothing.
-    const Lse st = row_lse_shared<E>(x, target >= 0 ? int(p.cols) : 0, lane, group);
+    const Lse st = row_lse_shared<E>(vecs, start, target >= 0 ? int(p.cols) : 0, lane, group);
     if (lane == 0 && target != kTargetIgnored) {
-      loss_sum += target >= 0 ? row_loss(st, E::value(x[target])) : __int_as_float(0x7fc00000);
+      loss_sum += target >= 0 ? row_loss(st, E::value(elems[start + target])) : __int_as_float(0x7fc00000);
       ++count;
     }
   }

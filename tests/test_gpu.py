@@ -71,6 +71,26 @@ def test_huge_magnitudes_do_not_overflow(model, path):
     assert abs(out.item() - torch.log(torch.tensor(4096.0)).item()) < 1e-5
 
 
+@pytest.mark.parametrize("near", [3e4, 1e6, 4e6], ids=["3e4", "1e6", "4e6"])
+@pytest.mark.parametrize("path", PATHS)
+def test_large_shared_max(model, path, near):
+    """Every row's max is the same large value, whose product with log2(e) rounds as far as any
+    near it in float32. Short rows compute exp(x - max) as exp2(x * log2(e) - c) with c that rounded
+    product: the rounding shifts every row's loss alike (by 1.3e-3 near 3e4, about 20 times the
+    tolerance) unless the kernel corrects for it. Past 2^20 (4e6) the kernel does not fold."""
+    rows, cols = PATHS[path]
+    log2e = torch.tensor(1.4426950408889634, dtype=torch.float32)
+    start = torch.tensor(near, dtype=torch.float32)
+    ulp = torch.nextafter(start, torch.tensor(float("inf"))) - start
+    candidates = start + torch.arange(256, dtype=torch.float32) * ulp
+    rounding = ((candidates * log2e).double() - candidates.double() * log2e.double()).abs()
+    top = candidates[int(rounding.argmax())].item()
+    x = top - 10 * torch.rand(rows, cols, device="cuda")
+    x[:, 0] = top
+    t = targets(rows, cols)
+    assert_matches(model(x, t), x, t)
+
+
 def special_rows(cols):
     x = torch.randn(8, cols, device="cuda")
     t = torch.arange(8, device="cuda")
