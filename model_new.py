@@ -54,8 +54,8 @@ _CUDA_SRC = r"""
 // Determinism survives the dynamic schedule because nothing is summed per CTA: each chunk's
 // losses are summed in group order and stored at the chunk's index, and the last CTA sums the
 // chunks in index order. Segments store an (m, s, x_t) triple per item instead, which the last
-// CTA merges per row. The last CTA is found with a counter that atomicInc returns to zero by
-// itself and resets the claim counter, so the workspace needs zeroing once, at allocation.
+// CTA merges per row. The last CTA is found with a counter that an atomic increment returns to
+// zero by itself and resets the claim counter, so the workspace needs zeroing once, at allocation.
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -271,6 +271,13 @@ __device__ Total cta_sum(Total v, Total* scratch) {
     for (int w = 0; w < kWarps; ++w) total = {total.sum + scratch[w].sum, total.count + scratch[w].count};
   __syncthreads();
   return total;
+}
+
+// atomicInc with acquire-release semantics at device scope: the CTA's arrival at the end.
+__device__ __forceinline__ unsigned int arrive_acq_rel(unsigned int* counter, unsigned int wrap) {
+  unsigned int old;
+  asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(wrap) : "memory");
+  return old;
 }
 
 __device__ __forceinline__ void group_barrier(int id, int threads) {
@@ -637,12 +644,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
     if (threadIdx.x == 0) E::store(p.out, float(double(lone_sum) / double(lone_count)));  // 0 rows: NaN
     return;
   }
-  __threadfence();  // every writer: partials visible device-wide before the counter moves
+  // The barrier orders every thread's partials before thread 0's arrival, whose release publishes
+  // them device-wide; in the last CTA its acquire, then the barrier, orders the other CTAs'
+  // partials before every thread's reads. One atomic in place of a fence on each side.
   __syncthreads();
-  if (threadIdx.x == 0) is_last_cta = atomicInc(p.counter, gridDim.x - 1) == gridDim.x - 1;
+  if (threadIdx.x == 0) is_last_cta = arrive_acq_rel(p.counter, gridDim.x - 1) == gridDim.x - 1;
   __syncthreads();
   if (!is_last_cta) return;
-  __threadfence();  // the other CTAs' partials, before reading them
   if (threadIdx.x == 0) *claims = 0;  // every CTA made its last claim before it arrived
 
   Total total = {0.0, 0ull};
