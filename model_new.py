@@ -839,6 +839,11 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms):
     else:
         seg_vecs = -(-seg_len // per_vec)
         group = min(_THREADS, _pow2_at_least(-(-seg_vecs // _VECS_PER_THREAD)))
+        # Few rows leave SMs idle: more threads per row while the CTAs still get an SM each (1 x
+        # 4096: a CTA on the row, where one warp took 16 vectors in turn; 64 x 5000: 64 CTAs, not
+        # 16). Past one CTA per SM, bigger groups measured slower (300 x 4096, 1000 x 4096).
+        while group < _THREADS and -(-rows // (_THREADS // (2 * group))) <= num_sms:
+            group *= 2
     # Chunks of one round each, claimed as CTAs finish them, balance the end of the stream. Where
     # a round is only a few KB (very short rows) the claim's barrier and partial cost more than
     # they balance: then each CTA gets one chunk of as many rounds as its share needs.

@@ -48,6 +48,16 @@ def test_chunks_cover_the_items_and_fill_the_grid(rows, cols, elem_bytes):
     assert p.chunks + 2 * p.grid < 2**32
 
 
+def test_few_rows_get_more_threads_while_each_cta_has_an_sm():
+    assert _plan(1, 4096, 4096, 2, 132).group == 256  # one row: a CTA on it, not a warp
+    p = _plan(64, 5000, 5000, 4, 132)
+    assert p.group == 256 and p.grid == 64
+    for rows in (300, 1000, 2000, 32768):  # bigger groups would put more CTAs than SMs
+        p = _plan(rows, 4096, 4096, 2, 132)
+        assert p.group == 256 or -(-rows // (model_new._THREADS // (2 * p.group))) > 132
+        assert p.group == _plan(32768, 4096, 4096, 2, 132).group or p.grid <= 132
+
+
 def test_few_long_rows_are_split_across_ctas():
     p = _plan(16, 256000, 256000, 4, 132)
     assert p.splits >= 8 and p.grid >= 128
