@@ -639,7 +639,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
     next_chunk = claimed[parity];
   }
 
-  // A lone CTA over whole rows has the answer already: no partials, fence or counter (tiny problems).
+  // A lone CTA over whole rows has the answer already: no partials, no counter (tiny problems).
   if (lone && p.splits == 1) {
     if (threadIdx.x == 0) E::store(p.out, float(double(lone_sum) / double(lone_count)));  // 0 rows: NaN
     return;
