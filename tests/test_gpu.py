@@ -50,6 +50,50 @@ def test_views(model, rows, cols, dtype):
         assert_matches(model(x, t), x, t)
 
 
+def spiked(x, t, peak=30.0):
+    """x, in place: standard normal logits, each row's target column `peak` above them, so a row's
+    loss is about 0 where the target logit is read right and about `peak` where any other is."""
+    x.copy_(torch.randn(x.shape, device=x.device))
+    x[torch.arange(x.shape[0], device=x.device), t] = peak
+    return x
+
+
+def spread_columns(rows, cols):
+    """A target column per row: each column once where rows allow, else both ends of the row and
+    a spread between them."""
+    if rows >= cols:
+        return torch.arange(rows, device="cuda") % cols
+    ends = torch.cat([torch.arange(32), cols - 32 + torch.arange(32)])
+    return torch.cat([ends, (torch.arange(rows - 64) * 7919) % cols]).cuda()
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("rows, cols", [(2000, 2000), (3000, 3000), (4099, 4099), (2000, 20000)])
+def test_target_logit_taken_from_every_position(model, rows, cols, dtype):
+    """Rows in registers take the target logit out of the stream, in the lane that reads it. Targets
+    at every column (or both ends and a spread) put it in every lane, vector, element and warp of a
+    group (32 to 256 threads per row), and in the scalar edges of rows off the 16-byte grid."""
+    t = spread_columns(rows, cols)
+    for name, x in [("aligned", logits(rows, cols, dtype))] + views(rows, cols, dtype)[:2]:
+        x = spiked(x, t)
+        assert_matches(model(x, t), x, t)
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_target_logit_at_segment_boundaries(model, dtype):
+    """Rows split across CTAs: a target on either side of every segment boundary, and at both ends."""
+    import model_new
+    rows, cols = 4, 300001
+    for name, x in [("aligned", logits(rows, cols, dtype))] + views(rows, cols, dtype)[:2]:
+        plan = model_new._plan(rows, cols, x.stride(0), x.element_size(), torch.cuda.get_device_properties(0).multi_processor_count)
+        assert plan.splits > 1
+        cuts = [k * plan.seg_len + d for k in range(1, plan.splits) for d in (-1, 0)] + [0, cols - 1]
+        for i in range(0, len(cuts), rows):
+            t = torch.tensor((cuts[i:i + rows] * rows)[:rows], device="cuda")
+            x = spiked(x, t)
+            assert_matches(model(x, t), x, t)
+
+
 def test_strided_targets(model):
     x = logits(100, 50, torch.float32)
     t = targets(200, 50)[::2]
