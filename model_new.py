@@ -297,6 +297,17 @@ __device__ __forceinline__ Aligned align_stretch(const typename E::Storage* p, i
   return {head, (len - head) / E::kPerVec};
 }
 
+// The elements outside the whole vectors, numbered 0, 1, ...: the head, then what follows the
+// vectors. edge_element gives edge k's place in the stretch, edge_number the inverse.
+template <class E>
+__device__ __forceinline__ int edge_element(const Aligned& cut, int k) {
+  return k < cut.head ? k : k + cut.nvec * E::kPerVec;
+}
+template <class E>
+__device__ __forceinline__ int edge_number(const Aligned& cut, int e) {
+  return e < cut.head ? e : e - cut.nvec * E::kPerVec;
+}
+
 // Element i of vector u of a batch, u and i known only at run time: selects, so that the batch
 // stays in registers (an indexed register array would go to local memory).
 template <class E>
@@ -319,12 +330,13 @@ template <class E>
 __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, int len, int lane, int group, int tcol,
                                               float& x_t, int& t_lane) {
   Lse st = {-INFINITY, 0.f};
-  const auto [head, nvec] = align_stretch<E>(seg, len);
+  const Aligned cut = align_stretch<E>(seg, len);
+  const auto [head, nvec] = cut;
   const int tail = head + nvec * E::kPerVec;
-  // The target as the group reads it: element t_elem of vector t_vec, or edge element t_edge.
+  // The target as the group reads it: element t_elem of vector t_vec, or edge t_edge.
   const bool t_body = tcol >= head && tcol < tail;
   const int t_vec = (tcol - head) / E::kPerVec, t_elem = (tcol - head) % E::kPerVec;
-  const int t_edge = tcol < 0 || t_body ? -1 : tcol < head ? tcol : head + (tcol - tail);
+  const int t_edge = tcol < 0 || t_body ? -1 : edge_number<E>(cut, tcol);
   t_lane = (t_body ? t_vec : max(t_edge, 0)) & (group - 1);
   // At most 2 * (kPerVec - 1) elements lie outside the aligned body. All their loads go out before
   // the first is used, so a short misaligned row waits for one round trip, not one per element.
@@ -335,7 +347,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
 #pragma unroll
     for (int k = 0; k < kMaxEdge; ++k) {
       const int e = lane + k * group;
-      x[k] = (k * group < nedge && e < nedge) ? load_scalar<E>(seg + (e < head ? e : tail + (e - head))) : -INFINITY;
+      x[k] = (k * group < nedge && e < nedge) ? load_scalar<E>(seg + edge_element<E>(cut, e)) : -INFINITY;
       if (e == t_edge) x_t = x[k];
     }
     float m = x[0];
@@ -415,12 +427,6 @@ __device__ __forceinline__ TileSpan<E> tile_span(const Params& p, long long tile
 template <class E>
 __device__ __forceinline__ int tile_index(const TileSpan<E>& t, int e) { return E::kPerVec - t.cut.head + e; }
 
-// The edge elements, numbered 0 .. nedge-1: the head, then what follows the vectors.
-template <class E>
-__device__ __forceinline__ int tile_edge_element(const TileSpan<E>& t, int k) {
-  return k < t.cut.head ? k : k + t.cut.nvec * E::kPerVec;
-}
-
 __device__ __forceinline__ int target_code(long long target, long long cols) {
   return target == kIgnoreIndex ? kTargetIgnored : (target >= 0 && target < cols) ? int(target) : kTargetBad;
 }
@@ -445,7 +451,7 @@ struct TileLoads {
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
       if (threadIdx.x + u * kThreads < t.cut.nvec) vec[u] = load_vec(body + threadIdx.x + u * kThreads);
-    if (threadIdx.x < t.nedge) edge = t.first[tile_edge_element(t, threadIdx.x)];
+    if (threadIdx.x < t.nedge) edge = t.first[edge_element<E>(t.cut, threadIdx.x)];
     const Target* targets = static_cast<const Target*>(p.targets);
 #pragma unroll
     for (int k = 0; k < kTileTargets; ++k)
@@ -460,7 +466,7 @@ struct TileLoads {
     for (int u = 0; u < kBatch; ++u)
       if (threadIdx.x + u * kThreads < t.cut.nvec) store_shared(slot + u * kThreads * sizeof(uint4), vec[u]);
     if (threadIdx.x < t.nedge)
-      reinterpret_cast<typename E::Storage*>(vecs)[tile_index(t, tile_edge_element(t, threadIdx.x))] = edge;
+      reinterpret_cast<typename E::Storage*>(vecs)[tile_index(t, edge_element<E>(t.cut, threadIdx.x))] = edge;
 #pragma unroll
     for (int k = 0; k < kTileTargets; ++k)
       if (threadIdx.x + k * kThreads < t.rows) targets[threadIdx.x + k * kThreads] = target_code(target[k], p.cols);
@@ -478,11 +484,11 @@ __device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int 
   const auto* elems = reinterpret_cast<const typename E::Storage*>(tile);
   // Rows of a few vectors are all edge: element by element costs less than cutting them up.
   const int head = len < 4 * E::kPerVec ? len : (-start) & (E::kPerVec - 1);
-  const int nvec = (len - head) / E::kPerVec;
+  const Aligned cut = {head, (len - head) / E::kPerVec};
   const uint4* const body = tile + unsigned(start + head) / E::kPerVec;
-  const uint4* const end = body + nvec;
-  const int tail = head + nvec * E::kPerVec, nedge = len - nvec * E::kPerVec;
-  auto edge = [&](int k) { return E::value(elems[start + (k < head ? k : tail + (k - head))]); };
+  const uint4* const end = body + cut.nvec;
+  const int nedge = len - cut.nvec * E::kPerVec;
+  auto edge = [&](int k) { return E::value(elems[start + edge_element<E>(cut, k)]); };
 
   uint32_t mx = E::kNegInfWord;
   for (const uint4* v = body + lane; v < end; v += group) {
