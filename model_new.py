@@ -56,6 +56,10 @@ _CUDA_SRC = r"""
 // chunks in index order. Segments store an (m, s, x_t) triple per item instead, which the last
 // CTA merges per row. The last CTA is found with a counter that an atomic increment returns to
 // zero by itself and resets the claim counter, so the workspace needs zeroing once, at allocation.
+//
+// Loads: the logits stream through plain 16-byte loads, or evict-first ones where they are at most
+// a few L2 sizes, which then leave the rest of L2 in place (load_vec says why; the host's
+// _evict_first decides).
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -156,10 +160,17 @@ template <class E>
 __device__ __forceinline__ float load_scalar(const typename E::Storage* p) { return E::value(__ldg(p)); }
 
 // ------------------------------------------------------------------ streaming loads
-// A plain 16-byte global load. Measured on the H100 (bench/PERF.md): the read-only path (.nc)
-// and every eviction hint tried (L2::evict_first, L1::no_allocate, L1::evict_first) made a
-// streaming read of 512 MiB 3% slower.
-__device__ __forceinline__ uint4 load_vec(const uint4* p) { return *p; }
+// A 16-byte global load, plain or evict-first (ld.global.cs: L2 replaces the line before any
+// other). Measured on the H100 under KernelBench's flush, which leaves L2 full of dirty lines
+// (bench/PERF.md): evict-first loads leave those lines in place, which saves their write-back
+// (about 9 us), but stream about 7% slower while L2 holds them. So the host chooses evict-first
+// for reads of a few L2 sizes at most, where the saving wins. With a clean L2 both read alike.
+// A compile-time choice: as a run-time one, it cost the short-row tiles registers and time.
+template <bool kEvictFirst>
+__device__ __forceinline__ uint4 load_vec(const uint4* p) {
+  if constexpr (kEvictFirst) return __ldcs(p);
+  else return *p;
+}
 
 // ------------------------------------------------------------------ online log-sum-exp
 // (m, s): the largest value seen and the sum of exp(x - m) over the values seen.
@@ -326,7 +337,7 @@ __device__ __forceinline__ float batch_element(const uint4 (&buf)[kBatch], int u
 // The target logit, column tcol of the segment (-1: not in it), is picked out of the stream by the
 // lane that reads it, into x_t; every lane of the group gets that lane's index in t_lane. A load of
 // its own per row, even of a sector the stream was about to read, measured 0.3-1.1 us slower.
-template <class E>
+template <class E, bool kEvictFirst>
 __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, int len, int lane, int group, int tcol,
                                               float& x_t, int& t_lane) {
   Lse st = {-INFINITY, 0.f};
@@ -370,7 +381,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   // Full batches: no bounds checks, so no predicate per load.
   for (; v0 + (kBatch - 1) * group < nvec; v0 += kBatch * group, t_u -= kBatch) {
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) buf[u] = load_vec(body + v0 + u * group);
+    for (int u = 0; u < kBatch; ++u) buf[u] = load_vec<kEvictFirst>(body + v0 + u * group);
     if (unsigned(t_u) < unsigned(kBatch)) x_t = batch_element<E>(buf, t_u, t_elem);
     st = lse_add_batch<E>(st, buf);
   }
@@ -379,7 +390,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
     const uint4 neg_inf = make_uint4(E::kNegInfWord, E::kNegInfWord, E::kNegInfWord, E::kNegInfWord);
     const int nvalid = (nvec - v0 + group - 1) / group;  // this lane's vectors in the batch
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) buf[u] = u < nvalid ? load_vec(body + v0 + u * group) : neg_inf;
+    for (int u = 0; u < kBatch; ++u) buf[u] = u < nvalid ? load_vec<kEvictFirst>(body + v0 + u * group) : neg_inf;
     if (unsigned(t_u) < unsigned(kBatch)) x_t = batch_element<E>(buf, t_u, t_elem);
     st = lse_add_batch<E>(st, buf, nvalid);
   }
@@ -440,7 +451,7 @@ __device__ __forceinline__ void store_shared(uint32_t address, const uint4& v) {
 
 // One tile on its way from global memory: thread i holds vectors i, i + kThreads, ..., at most one
 // edge element, and the targets of rows i, i + kThreads, ...
-template <class E, class Target>
+template <class E, class Target, bool kEvictFirst>
 struct TileLoads {
   uint4 vec[kBatch];
   typename E::Storage edge;
@@ -450,7 +461,7 @@ struct TileLoads {
     const uint4* body = reinterpret_cast<const uint4*>(t.first + t.cut.head);
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
-      if (threadIdx.x + u * kThreads < t.cut.nvec) vec[u] = load_vec(body + threadIdx.x + u * kThreads);
+      if (threadIdx.x + u * kThreads < t.cut.nvec) vec[u] = load_vec<kEvictFirst>(body + threadIdx.x + u * kThreads);
     if (threadIdx.x < t.nedge) edge = t.first[edge_element<E>(t.cut, threadIdx.x)];
     const Target* targets = static_cast<const Target*>(p.targets);
 #pragma unroll
@@ -543,8 +554,9 @@ __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t,
 
 // ------------------------------------------------------------------ the kernel
 // kTiled: a chunk is a tile of whole short rows, staged through shared memory; otherwise rows
-// (or segments) stream through registers, a group per item.
-template <class E, class Target, bool kTiled>
+// (or segments) stream through registers, a group per item. kEvictFirst: the loads of the logits
+// (see load_vec).
+template <class E, class Target, bool kTiled, bool kEvictFirst>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kernel(const Params p) {
   __shared__ float4 warp_state[2][kWarps];     // (m, s, target logit or 0, unused) per warp, by item parity
   __shared__ float2 warp_sums[2][kWarps];      // (loss sum, count as bits) per warp, by chunk parity
@@ -577,7 +589,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   };
   long long chunk = blockIdx.x, next_chunk = (long long)gridDim.x + blockIdx.x;
   long long next_target = kTiled ? 0 : load_target(item_of(chunk, 0));
-  TileLoads<E, Target> tile;  // tiles: the next one, in flight
+  TileLoads<E, Target, kEvictFirst> tile;  // tiles: the next one, in flight
   if (kTiled && chunk < p.chunks) tile.issue(p, tile_span<E>(p, chunk));
   float lone_sum = 0.f;  // thread 0 of a lone CTA: the chunks' sums, in order
   unsigned int lone_count = 0;
@@ -611,7 +623,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
         const auto* seg = logits + row * p.row_stride + c0;
         const int len = int(min((long long)p.seg_len, p.cols - c0));
         const int tcol = target >= c0 && target < c0 + len ? int(target - c0) : -1;
-        st = reduce_segment<E>(seg, len, lane, group, tcol, x_target, t_lane);
+        st = reduce_segment<E, kEvictFirst>(seg, len, lane, group, tcol, x_target, t_lane);
       }
 
       // The group's merged state and target logit, complete in its leader.
@@ -735,16 +747,21 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   if (threadIdx.x == 0) E::store(p.out, float(total.sum / double(total.count)));  // 0 rows: 0/0 = NaN
 }
 
-template <class E, class Target>
+template <class E, class Target, bool kEvictFirst>
 void launch_typed(const Params& p, int grid, cudaStream_t stream) {
-  if (p.tile_rows > 0) cross_entropy_mean_kernel<E, Target, true><<<grid, kThreads, 0, stream>>>(p);
-  else cross_entropy_mean_kernel<E, Target, false><<<grid, kThreads, 0, stream>>>(p);
+  if (p.tile_rows > 0) cross_entropy_mean_kernel<E, Target, true, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  else cross_entropy_mean_kernel<E, Target, false, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
 }
 
 template <class E>
-void launch_for_targets(const Params& p, int target_bytes, int grid, cudaStream_t stream) {
-  if (target_bytes == 8) launch_typed<E, long long>(p, grid, stream);
-  else launch_typed<E, int>(p, grid, stream);
+void launch_for_targets(const Params& p, int target_bytes, bool evict_first, int grid, cudaStream_t stream) {
+  if (target_bytes == 8) {
+    if (evict_first) launch_typed<E, long long, true>(p, grid, stream);
+    else launch_typed<E, long long, false>(p, grid, stream);
+  } else {
+    if (evict_first) launch_typed<E, int, true>(p, grid, stream);
+    else launch_typed<E, int, false>(p, grid, stream);
+  }
 }
 
 }  // namespace
@@ -753,7 +770,7 @@ void launch_for_targets(const Params& p, int target_bytes, int grid, cudaStream_
 void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t counter,
                                uintptr_t chunk_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
-                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks, int64_t tile_rows, int64_t grid,
+                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks, int64_t tile_rows, bool evict_first, int64_t grid,
                                int64_t device, uintptr_t stream) {
   Params p;
   p.logits = reinterpret_cast<const void*>(logits);
@@ -778,9 +795,9 @@ void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t ou
   cudaGetDevice(&previous);
   if (previous != device) cudaSetDevice(int(device));
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (dtype == 0) launch_for_targets<F32>(p, int(target_bytes), int(grid), s);
-  else if (dtype == 1) launch_for_targets<BF16>(p, int(target_bytes), int(grid), s);
-  else launch_for_targets<F16>(p, int(target_bytes), int(grid), s);
+  if (dtype == 0) launch_for_targets<F32>(p, int(target_bytes), evict_first, int(grid), s);
+  else if (dtype == 1) launch_for_targets<BF16>(p, int(target_bytes), evict_first, int(grid), s);
+  else launch_for_targets<F16>(p, int(target_bytes), evict_first, int(grid), s);
   const cudaError_t err = cudaGetLastError();
   if (previous != device) cudaSetDevice(previous);
   if (err != cudaSuccess)
@@ -795,7 +812,7 @@ _CPP_SRC = r"""
 void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t counter,
                                uintptr_t chunk_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
-                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks, int64_t tile_rows, int64_t grid,
+                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks, int64_t tile_rows, bool evict_first, int64_t grid,
                                int64_t device, uintptr_t stream);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -814,6 +831,7 @@ _CLAIM_BYTES = 16 << 10 # a CTA's round reads at least this much: claim chunks o
 _TILE_BYTES = _THREADS * _BATCH * 16  # a tile of short rows: one batch of every thread of a CTA
 _TILE_TARGETS = 4       # targets per thread and tile (the kernel's kTileTargets)
 _TILE_MIN_ROWS = 8      # rows shorter than an eighth of a tile are staged through shared memory
+_EVICT_FIRST_L2S = 4    # logits of at most this many L2 sizes are read with evict-first loads
 _IGNORE_INDEX = -100
 
 
@@ -890,6 +908,15 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms):
     return _Plan(max(1, min(max_grid, chunks)), group, splits, seg_len, rounds, chunks)
 
 
+def _evict_first(logit_bytes, l2_bytes):
+    """Whether the kernel reads the logits with evict-first loads, which leave the rest of L2 in
+    place. Where L2 holds dirty lines (KernelBench's flush; in training, another kernel's output)
+    that saves their write-back, about 9 us on the H100, but the read streams about 7% slower while
+    they stay. On the kernel the saving won up to 192 MiB of logits and lost from 224 MiB
+    (bench/PERF.md): up to 4 L2 sizes (200 MiB on the H100) read evict-first."""
+    return logit_bytes <= _EVICT_FIRST_L2S * l2_bytes
+
+
 def _workspace_layout(plan, rows):
     """Byte offsets of the chunk partials and of the segment partials, and the bytes in all.
     The two counters sit at 0."""
@@ -940,6 +967,11 @@ _workspaces = {}  # (device index, stream) -> int32 tensor; its counters are alw
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index):
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(device_index):
+    return torch.cuda.get_device_properties(device_index).L2_cache_size
 
 
 def _workspace(device, stream, nbytes):
@@ -1011,7 +1043,8 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
     _ext.launch(logits.data_ptr(), targets.data_ptr(), out.data_ptr(), base, base + part_off, base + seg_off,
                 rows, cols, logits.stride(0), targets.stride(0) if rows else 1,
                 _DTYPE_CODES[logits.dtype], targets.element_size(),
-                plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks, plan.tile_rows, plan.grid, device.index,
+                plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks, plan.tile_rows,
+                _evict_first(rows * cols * logits.element_size(), _l2_bytes(device.index)), plan.grid, device.index,
                 stream.cuda_stream)
     return out
 

@@ -1,6 +1,6 @@
 """Runs the kernel once on every GPU-suite shape and view; meant to run under compute-sanitizer.
 
-    compute-sanitizer --tool memcheck python tests/sanitize_cases.py
+    compute-sanitizer --tool memcheck python tests/sanitize_cases.py --both-loads
 """
 import os
 import sys
@@ -13,17 +13,24 @@ from cases import DTYPES, SHAPES, logits, targets, views  # noqa: E402
 
 model = model_new.ModelNew()
 runs = 0
-for dtype in DTYPES.values():
-    for tdtype in (torch.int64, torch.int32):
-        for rows, cols in SHAPES:
-            if rows * cols > 2**24:
-                rows = max(1, 2**24 // cols)  # the sanitizer is slow; the code paths are the same
-            t = targets(rows, cols, tdtype)
-            model(logits(rows, cols, dtype), t)
-            runs += 1
-            if rows and cols > 1:
-                for _, x in views(rows, cols, dtype):
-                    model(x, t)
-                    runs += 1
+# With --both-loads, every case under both kinds of load (left to the host, all of these sizes
+# would read evict-first). memcheck needs that: the two differ only in their global loads. racecheck
+# does not (shared memory is used alike), and twice the launches outgrew the 128 GiB of host memory
+# it had on the H100 machine.
+for evict_first in ((True, False) if "--both-loads" in sys.argv else (None,)):
+    if evict_first is not None:
+        model_new._evict_first = lambda *_, forced=evict_first: forced
+    for dtype in DTYPES.values():
+        for tdtype in (torch.int64, torch.int32):
+            for rows, cols in SHAPES:
+                if rows * cols > 2**24:
+                    rows = max(1, 2**24 // cols)  # the sanitizer is slow; the code paths are the same
+                t = targets(rows, cols, tdtype)
+                model(logits(rows, cols, dtype), t)
+                runs += 1
+                if rows and cols > 1:
+                    for _, x in views(rows, cols, dtype):
+                        model(x, t)
+                        runs += 1
 torch.cuda.synchronize()
 print(f"sanitize_cases: {runs} launches")

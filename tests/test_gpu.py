@@ -50,6 +50,50 @@ def test_views(model, rows, cols, dtype):
         assert_matches(model(x, t), x, t)
 
 
+def launched_kernel(fn):
+    """The one kernel fn launches, by its (demangled) name."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "cross_entropy_mean_kernel" in e.name]
+    assert len(names) == 1, names
+    return names[0]
+
+
+def evict_first_kernel(name):
+    """Whether the kernel is the instance that reads the logits evict-first (its last template
+    argument, kEvictFirst)."""
+    args = name[name.index("<") + 1:name.rindex(">")]
+    assert args.endswith(("true", "false")), name
+    return args.endswith("true")
+
+
+# Every kernel instance, under either kind of load: the host picks one by the logits' size, so
+# each test forces it.
+@pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
+@pytest.mark.parametrize("tdtype", [torch.int64, torch.int32], ids=["int64", "int32"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("rows, cols", [PATHS["tiled"], PATHS["registers"], (16, 256000), (257, 4099)],
+                         ids=["tiled", "registers", "split", "unaligned"])
+def test_both_kinds_of_load(model, monkeypatch, rows, cols, dtype, tdtype, evict_first):
+    import model_new
+    monkeypatch.setattr(model_new, "_evict_first", lambda *_: evict_first)
+    x, t = logits(rows, cols, dtype), targets(rows, cols, tdtype)
+    out = []
+    name = launched_kernel(lambda: out.append(model(x, t)))
+    assert evict_first_kernel(name) == evict_first
+    assert_matches(out[0], x, t)
+
+
+def test_load_kind_follows_the_logits_size(model):
+    import model_new
+    # fp32 rows of 16 KiB: up to 4 L2 sizes of logits read evict-first, one row more plainly.
+    rows = model_new._EVICT_FIRST_L2S * model_new._l2_bytes(0) // (4096 * 4)
+    for n, expected in [(rows, True), (rows + 1, False)]:
+        x, t = logits(n, 4096, torch.float32), targets(n, 4096)
+        assert evict_first_kernel(launched_kernel(lambda: model(x, t))) == expected
+
+
 def spiked(x, t, peak=30.0):
     """x, in place: standard normal logits, each row's target column `peak` above them, so a row's
     loss is about 0 where the target logit is read right and about `peak` where any other is."""
@@ -346,8 +390,9 @@ def test_compute_sanitizer(tool):
     exe = shutil.which("compute-sanitizer")
     if exe is None:
         pytest.skip("compute-sanitizer not installed")
+    both_loads = ["--both-loads"] if tool == "memcheck" else []  # see sanitize_cases.py
     proc = subprocess.run([exe, "--tool", tool, "--error-exitcode", "3", sys.executable,
-                           os.path.join(ROOT, "tests", "sanitize_cases.py")],
+                           os.path.join(ROOT, "tests", "sanitize_cases.py"), *both_loads],
                           capture_output=True, text=True, timeout=1200, env=dict(os.environ))
     tail = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == 0, tail

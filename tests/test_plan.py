@@ -104,3 +104,13 @@ def test_workspace_layout_is_aligned():
             assert seg_off >= part_off + 8 * p.chunks and nbytes >= seg_off
         else:
             assert nbytes >= seg_off + 16 * rows * p.splits
+
+
+def test_evict_first_loads_only_for_reads_of_a_few_l2_sizes():
+    l2 = 50 << 20  # the H100's L2
+    limit = model_new._EVICT_FIRST_L2S * l2
+    assert model_new._evict_first(limit, l2) and not model_new._evict_first(limit + 1, l2)
+    assert model_new._evict_first(0, l2)
+    assert model_new._evict_first(65536 * 1000 * 2, l2)      # 125 MiB of bf16: evict-first measured 7% faster
+    assert not model_new._evict_first(32768 * 4096 * 2, l2)  # 256 MiB of bf16: 1.5 us slower, so plain
+    assert not model_new._evict_first(32768 * 4096 * 4, l2)  # 512 MiB of fp32
