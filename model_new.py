@@ -58,8 +58,7 @@ _CUDA_SRC = r"""
 // zero by itself and resets the claim counter, so the workspace needs zeroing once, at allocation.
 //
 // Loads: the logits stream through plain 16-byte loads, or evict-first ones where they are at most
-// a few L2 sizes, which then leave the rest of L2 in place (load_vec says why; the host's
-// _evict_first decides).
+// a few L2 sizes (the host's _evict_first says why).
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -161,11 +160,8 @@ __device__ __forceinline__ float load_scalar(const typename E::Storage* p) { ret
 
 // ------------------------------------------------------------------ streaming loads
 // A 16-byte global load, plain or evict-first (ld.global.cs: L2 replaces the line before any
-// other). Measured on the H100 under KernelBench's flush, which leaves L2 full of dirty lines
-// (bench/PERF.md): evict-first loads leave those lines in place, which saves their write-back
-// (about 9 us), but stream about 7% slower while L2 holds them. So the host chooses evict-first
-// for reads of a few L2 sizes at most, where the saving wins. With a clean L2 both read alike.
-// A compile-time choice: as a run-time one, it cost the short-row tiles registers and time.
+// other, so the rest of L2 stays). When each pays off is the host's _evict_first. A compile-time
+// choice: as a run-time one, it cost the short-row tiles registers and time (bench/PERF.md).
 template <bool kEvictFirst>
 __device__ __forceinline__ uint4 load_vec(const uint4* p) {
   if constexpr (kEvictFirst) return __ldcs(p);
@@ -753,15 +749,16 @@ void launch_typed(const Params& p, int grid, cudaStream_t stream) {
   else cross_entropy_mean_kernel<E, Target, false, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
 }
 
+template <class E, class Target>
+void launch_for_loads(const Params& p, bool evict_first, int grid, cudaStream_t stream) {
+  if (evict_first) launch_typed<E, Target, true>(p, grid, stream);
+  else launch_typed<E, Target, false>(p, grid, stream);
+}
+
 template <class E>
 void launch_for_targets(const Params& p, int target_bytes, bool evict_first, int grid, cudaStream_t stream) {
-  if (target_bytes == 8) {
-    if (evict_first) launch_typed<E, long long, true>(p, grid, stream);
-    else launch_typed<E, long long, false>(p, grid, stream);
-  } else {
-    if (evict_first) launch_typed<E, int, true>(p, grid, stream);
-    else launch_typed<E, int, false>(p, grid, stream);
-  }
+  if (target_bytes == 8) launch_for_loads<E, long long>(p, evict_first, grid, stream);
+  else launch_for_loads<E, int>(p, evict_first, grid, stream);
 }
 
 }  // namespace
@@ -770,8 +767,8 @@ void launch_for_targets(const Params& p, int target_bytes, bool evict_first, int
 void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t counter,
                                uintptr_t chunk_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
-                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks, int64_t tile_rows, bool evict_first, int64_t grid,
-                               int64_t device, uintptr_t stream) {
+                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks,
+                               int64_t tile_rows, bool evict_first, int64_t grid, int64_t device, uintptr_t stream) {
   Params p;
   p.logits = reinterpret_cast<const void*>(logits);
   p.targets = reinterpret_cast<const void*>(targets);
@@ -812,8 +809,8 @@ _CPP_SRC = r"""
 void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t counter,
                                uintptr_t chunk_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
-                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks, int64_t tile_rows, bool evict_first, int64_t grid,
-                               int64_t device, uintptr_t stream);
+                               int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks,
+                               int64_t tile_rows, bool evict_first, int64_t grid, int64_t device, uintptr_t stream);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("launch", &launch_cross_entropy_mean, "Launch the fused cross-entropy-mean kernel (raw pointers).");
@@ -911,9 +908,10 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms):
 def _evict_first(logit_bytes, l2_bytes):
     """Whether the kernel reads the logits with evict-first loads, which leave the rest of L2 in
     place. Where L2 holds dirty lines (KernelBench's flush; in training, another kernel's output)
-    that saves their write-back, about 9 us on the H100, but the read streams about 7% slower while
-    they stay. On the kernel the saving won up to 192 MiB of logits and lost from 224 MiB
-    (bench/PERF.md): up to 4 L2 sizes (200 MiB on the H100) read evict-first."""
+    that saves their write-back, about 9.5 us on the H100, but the read streams about 7% slower
+    while they stay; with a clean L2 both loads read alike. On the kernel the saving won up to 192
+    MiB of logits and lost from 224 MiB (bench/PERF.md): up to 4 L2 sizes (200 MiB on the H100)
+    read evict-first."""
     return logit_bytes <= _EVICT_FIRST_L2S * l2_bytes
 
 
@@ -965,13 +963,8 @@ _workspaces = {}  # (device index, stream) -> int32 tensor; its counters are alw
 
 
 @functools.lru_cache(maxsize=None)
-def _num_sms(device_index):
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-@functools.lru_cache(maxsize=None)
-def _l2_bytes(device_index):
-    return torch.cuda.get_device_properties(device_index).L2_cache_size
+def _device_properties(device_index):
+    return torch.cuda.get_device_properties(device_index)
 
 
 def _workspace(device, stream, nbytes):
@@ -1034,7 +1027,8 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
     if check_targets:
         _first_bad_target(targets, cols)
     device = logits.device
-    plan = _plan(rows, cols, logits.stride(0), logits.element_size(), _num_sms(device.index))
+    gpu = _device_properties(device.index)
+    plan = _plan(rows, cols, logits.stride(0), logits.element_size(), gpu.multi_processor_count)
     part_off, seg_off, nbytes = _workspace_layout(plan, rows)
     stream = torch.cuda.current_stream(device)
     ws = _workspace(device, stream, nbytes)
@@ -1044,7 +1038,7 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
                 rows, cols, logits.stride(0), targets.stride(0) if rows else 1,
                 _DTYPE_CODES[logits.dtype], targets.element_size(),
                 plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks, plan.tile_rows,
-                _evict_first(rows * cols * logits.element_size(), _l2_bytes(device.index)), plan.grid, device.index,
+                _evict_first(rows * cols * logits.element_size(), gpu.L2_cache_size), plan.grid, device.index,
                 stream.cuda_stream)
     return out
 

@@ -88,7 +88,7 @@ def test_both_kinds_of_load(model, monkeypatch, rows, cols, dtype, tdtype, evict
 def test_load_kind_follows_the_logits_size(model):
     import model_new
     # fp32 rows of 16 KiB: up to 4 L2 sizes of logits read evict-first, one row more plainly.
-    rows = model_new._EVICT_FIRST_L2S * model_new._l2_bytes(0) // (4096 * 4)
+    rows = model_new._EVICT_FIRST_L2S * torch.cuda.get_device_properties(0).L2_cache_size // (4096 * 4)
     for n, expected in [(rows, True), (rows + 1, False)]:
         x, t = logits(n, 4096, torch.float32), targets(n, 4096)
         assert evict_first_kernel(launched_kernel(lambda: model(x, t))) == expected
