@@ -822,13 +822,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 _THREADS = 256          # threads per CTA (the kernel's kThreads)
 _CTAS_PER_SM = 3        # resident CTAs per SM (the kernel's launch bounds): 768 threads, 85 registers each
 _BATCH = 8              # 16-byte loads each thread issues together (the kernel's kBatch)
-_VECS_PER_THREAD = 16   # 16-byte vectors per thread and item (two batches), where rows are long enough
+_VECS_PER_THREAD = 16   # 16-byte vectors per thread and item (two batches), where rows are long enough;
+                        # one batch (twice the group) where the loads are evict-first: see _plan
 _MAX_SEG = 1 << 30      # in-segment column indices are 32-bit
 _CLAIM_BYTES = 16 << 10 # a CTA's round reads at least this much: claim chunks of one round
 _TILE_BYTES = _THREADS * _BATCH * 16  # a tile of short rows: one batch of every thread of a CTA
 _TILE_TARGETS = 4       # targets per thread and tile (the kernel's kTileTargets)
 _TILE_MIN_ROWS = 8      # rows shorter than an eighth of a tile are staged through shared memory
-_EVICT_FIRST_L2S = 4    # logits of at most this many L2 sizes are read with evict-first loads
+_EVICT_FIRST_L2S = 6    # logits of at most this many L2 sizes are read with evict-first loads
 _IGNORE_INDEX = -100
 
 
@@ -862,9 +863,9 @@ def _tile_rows(rows, cols, row_stride, elem_bytes, max_grid):
 
 
 @functools.lru_cache(maxsize=512)
-def _plan(rows, cols, row_stride, elem_bytes, num_sms):
+def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first):
     """Launch shape for an (rows, cols) problem with elem_bytes-wide logits, row_stride elements
-    apart, on num_sms SMs."""
+    apart, on num_sms SMs, read with evict-first loads or plain ones (_evict_first)."""
     per_vec = 16 // elem_bytes
     max_grid = num_sms * _CTAS_PER_SM
     tile_rows = _tile_rows(rows, cols, row_stride, elem_bytes, max_grid)
@@ -887,8 +888,13 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms):
     if splits > 1:
         group = _THREADS  # segments are few and long: a whole CTA on each
     else:
+        # Evict-first loads stream faster when each batch of a CTA covers whole rows, one stretch of
+        # memory, than when its groups walk their rows batch by batch: 32768 x 4096 bf16 100.4 us
+        # against 105.0 (103.6 plain), 16384 x 4096 bf16 55.5 against 58.7. Plain loads measured
+        # the same either way (bench/PERF.md).
         seg_vecs = -(-seg_len // per_vec)
-        group = min(_THREADS, _pow2_at_least(-(-seg_vecs // _VECS_PER_THREAD)))
+        vecs_per_thread = _BATCH if evict_first else _VECS_PER_THREAD
+        group = min(_THREADS, _pow2_at_least(-(-seg_vecs // vecs_per_thread)))
         # Few rows leave SMs idle: more threads per row while the CTAs still get an SM each (1 x
         # 4096: a CTA on the row, where one warp took 16 vectors in turn; 64 x 5000: 64 CTAs, not
         # 16). Past one CTA per SM, bigger groups measured slower (300 x 4096, 1000 x 4096).
@@ -908,10 +914,10 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms):
 def _evict_first(logit_bytes, l2_bytes):
     """Whether the kernel reads the logits with evict-first loads, which leave the rest of L2 in
     place. Where L2 holds dirty lines (KernelBench's flush; in training, another kernel's output)
-    that saves their write-back, about 9.5 us on the H100, but the read streams about 7% slower
-    while they stay; with a clean L2 both loads read alike. On the kernel the saving won up to 192
-    MiB of logits and lost from 224 MiB (bench/PERF.md): up to 4 L2 sizes (200 MiB on the H100)
-    read evict-first."""
+    that saves their write-back, about 9.5 us on the H100, but the read streams a few % slower
+    while they stay; with a clean L2 both loads read alike. On the kernel (with _plan's one batch
+    per item) the saving won up to 250-384 MiB of logits, by shape, and lost from 312-448 MiB
+    (bench/PERF.md): up to 6 L2 sizes (300 MiB on the H100) read evict-first."""
     return logit_bytes <= _EVICT_FIRST_L2S * l2_bytes
 
 
@@ -1028,7 +1034,8 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
         _first_bad_target(targets, cols)
     device = logits.device
     gpu = _device_properties(device.index)
-    plan = _plan(rows, cols, logits.stride(0), logits.element_size(), gpu.multi_processor_count)
+    evict_first = _evict_first(rows * cols * logits.element_size(), gpu.L2_cache_size)
+    plan = _plan(rows, cols, logits.stride(0), logits.element_size(), gpu.multi_processor_count, evict_first)
     part_off, seg_off, nbytes = _workspace_layout(plan, rows)
     stream = torch.cuda.current_stream(device)
     ws = _workspace(device, stream, nbytes)
@@ -1038,8 +1045,7 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
                 rows, cols, logits.stride(0), targets.stride(0) if rows else 1,
                 _DTYPE_CODES[logits.dtype], targets.element_size(),
                 plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks, plan.tile_rows,
-                _evict_first(rows * cols * logits.element_size(), gpu.L2_cache_size), plan.grid, device.index,
-                stream.cuda_stream)
+                evict_first, plan.grid, device.index, stream.cuda_stream)
     return out
 
 

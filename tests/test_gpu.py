@@ -87,7 +87,7 @@ def test_both_kinds_of_load(model, monkeypatch, rows, cols, dtype, tdtype, evict
 
 def test_load_kind_follows_the_logits_size(model):
     import model_new
-    # fp32 rows of 16 KiB: up to 4 L2 sizes of logits read evict-first, one row more plainly.
+    # fp32 rows of 16 KiB: up to _EVICT_FIRST_L2S L2 sizes of logits read evict-first, one row more plainly.
     rows = model_new._EVICT_FIRST_L2S * torch.cuda.get_device_properties(0).L2_cache_size // (4096 * 4)
     for n, expected in [(rows, True), (rows + 1, False)]:
         x, t = logits(n, 4096, torch.float32), targets(n, 4096)
@@ -111,12 +111,16 @@ def spread_columns(rows, cols):
     return torch.cat([ends, (torch.arange(rows - 64) * 7919) % cols]).cuda()
 
 
+@pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("rows, cols", [(2000, 2000), (3000, 3000), (4099, 4099), (2000, 20000)])
-def test_target_logit_taken_from_every_position(model, rows, cols, dtype):
+def test_target_logit_taken_from_every_position(model, monkeypatch, rows, cols, dtype, evict_first):
     """Rows in registers take the target logit out of the stream, in the lane that reads it. Targets
     at every column (or both ends and a spread) put it in every lane, vector, element and warp of a
-    group (32 to 256 threads per row), and in the scalar edges of rows off the 16-byte grid."""
+    group (32 to 256 threads per row), and in the scalar edges of rows off the 16-byte grid. The
+    load kind picks the group size (_plan), so both run."""
+    import model_new
+    monkeypatch.setattr(model_new, "_evict_first", lambda *_: evict_first)
     t = spread_columns(rows, cols)
     for name, x in [("aligned", logits(rows, cols, dtype))] + views(rows, cols, dtype)[:2]:
         x = spiked(x, t)
@@ -129,7 +133,9 @@ def test_target_logit_at_segment_boundaries(model, dtype):
     import model_new
     rows, cols = 4, 300001
     for name, x in [("aligned", logits(rows, cols, dtype))] + views(rows, cols, dtype)[:2]:
-        plan = model_new._plan(rows, cols, x.stride(0), x.element_size(), torch.cuda.get_device_properties(0).multi_processor_count)
+        gpu = torch.cuda.get_device_properties(0)
+        evict_first = model_new._evict_first(x.numel() * x.element_size(), gpu.L2_cache_size)
+        plan = model_new._plan(rows, cols, x.stride(0), x.element_size(), gpu.multi_processor_count, evict_first)
         assert plan.splits > 1
         cuts = [k * plan.seg_len + d for k in range(1, plan.splits) for d in (-1, 0)] + [0, cols - 1]
         for i in range(0, len(cuts), rows):

@@ -13,8 +13,9 @@ SHAPES = [(0, 7), (1, 1), (1, 4096), (3, 5), (4096, 129), (32768, 4096), (4096, 
 @pytest.mark.parametrize("rows, cols", SHAPES)
 @pytest.mark.parametrize("elem_bytes", [4, 2])
 @pytest.mark.parametrize("sms", [132, 108, 1])
-def test_plan_is_legal(rows, cols, elem_bytes, sms):
-    p = _plan(rows, cols, cols, elem_bytes, sms)
+@pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
+def test_plan_is_legal(rows, cols, elem_bytes, sms, evict_first):
+    p = _plan(rows, cols, cols, elem_bytes, sms, evict_first)
     per_vec = 16 // elem_bytes
     assert 1 <= p.grid <= max(1, sms * model_new._CTAS_PER_SM)
     assert p.group & (p.group - 1) == 0 and 1 <= p.group <= model_new._THREADS
@@ -30,15 +31,27 @@ def test_plan_is_legal(rows, cols, elem_bytes, sms):
 
 
 def test_headline_shape_fills_the_gpu_with_whole_rows():
-    p = _plan(32768, 4096, 4096, 4, 132)
+    p = _plan(32768, 4096, 4096, 4, 132, False)
     assert p.splits == 1 and p.tile_rows == 0 and p.grid >= 0.95 * 132 * model_new._CTAS_PER_SM
     assert p.group * model_new._VECS_PER_THREAD * 16 >= 4096 * 4  # each thread's share fits its vector budget
 
 
+@pytest.mark.parametrize("cols, elem_bytes", [(4096, 2), (4096, 4), (2048, 4), (8192, 2), (1500, 4)])
+def test_evict_first_rows_take_one_batch_per_thread(cols, elem_bytes):
+    plain, evict_first = (_plan(32768, cols, cols, elem_bytes, 132, ef) for ef in (False, True))
+    vecs = -(-cols * elem_bytes // 16)
+    assert plain.group * model_new._VECS_PER_THREAD >= vecs > plain.group * model_new._VECS_PER_THREAD // 2
+    assert evict_first.group == 2 * plain.group  # each thread one batch of the row
+    assert evict_first.group * model_new._BATCH >= vecs > evict_first.group * model_new._BATCH // 2
+    # rows longer than a CTA's batch: a whole CTA per row either way
+    assert _plan(4096, 32000, 32000, 2, 132, True).group == _plan(4096, 32000, 32000, 2, 132, False).group == 256
+
+
 @pytest.mark.parametrize("rows, cols", SHAPES)
 @pytest.mark.parametrize("elem_bytes", [4, 2])
-def test_chunks_cover_the_items_and_fill_the_grid(rows, cols, elem_bytes):
-    p = _plan(rows, cols, cols, elem_bytes, 132)
+@pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
+def test_chunks_cover_the_items_and_fill_the_grid(rows, cols, elem_bytes, evict_first):
+    p = _plan(rows, cols, cols, elem_bytes, 132, evict_first)
     per_chunk = p.tile_rows or model_new._THREADS // p.group * p.rounds  # items per chunk
     items = rows * p.splits
     assert (p.chunks - 1) * per_chunk < items <= p.chunks * per_chunk or items == p.chunks == 0
@@ -49,55 +62,55 @@ def test_chunks_cover_the_items_and_fill_the_grid(rows, cols, elem_bytes):
 
 
 def test_few_rows_get_more_threads_while_each_cta_has_an_sm():
-    assert _plan(1, 4096, 4096, 2, 132).group == 256  # one row: a CTA on it, not a warp
-    p = _plan(64, 5000, 5000, 4, 132)
+    assert _plan(1, 4096, 4096, 2, 132, False).group == 256  # one row: a CTA on it, not a warp
+    p = _plan(64, 5000, 5000, 4, 132, False)
     assert p.group == 256 and p.grid == 64
     for rows in (300, 1000, 2000, 32768):  # bigger groups would put more CTAs than SMs
-        p = _plan(rows, 4096, 4096, 2, 132)
+        p = _plan(rows, 4096, 4096, 2, 132, False)
         assert p.group == 256 or -(-rows // (model_new._THREADS // (2 * p.group))) > 132
-        assert p.group == _plan(32768, 4096, 4096, 2, 132).group or p.grid <= 132
+        assert p.group == _plan(32768, 4096, 4096, 2, 132, False).group or p.grid <= 132
 
 
 def test_few_long_rows_are_split_across_ctas():
-    p = _plan(16, 256000, 256000, 4, 132)
+    p = _plan(16, 256000, 256000, 4, 132, False)
     assert p.splits >= 8 and p.grid >= 128
 
 
 def test_short_rows_are_staged_in_tiles_that_fill_the_gpu():
-    p = _plan(1000000, 10, 10, 2, 132)  # 20-byte rows: a thread per row, the most rows a tile takes
+    p = _plan(1000000, 10, 10, 2, 132, False)  # 20-byte rows: a thread per row, the most rows a tile takes
     assert p.group == 1 and p.tile_rows == model_new._THREADS * model_new._TILE_TARGETS
-    p = _plan(65536, 1000, 1000, 2, 132)  # 2000-byte rows: 16 to a 32 KB tile, 16 threads each
+    p = _plan(65536, 1000, 1000, 2, 132, False)  # 2000-byte rows: 16 to a 32 KB tile, 16 threads each
     assert p.tile_rows == 16 and p.group == 16 and p.chunks == 4096
-    p = _plan(4096, 129, 129, 4, 132)  # a small problem: tiles shrink until every CTA has one
+    p = _plan(4096, 129, 129, 4, 132, False)  # a small problem: tiles shrink until every CTA has one
     assert p.grid == p.chunks > 0.9 * 132 * model_new._CTAS_PER_SM and p.group * p.tile_rows <= model_new._THREADS
-    assert _plan(1, 4096, 4096, 2, 132).tile_rows == 0  # 8 KB: too long to stage
+    assert _plan(1, 4096, 4096, 2, 132, False).tile_rows == 0  # 8 KB: too long to stage
 
 
 @pytest.mark.parametrize("elem_bytes", [4, 2])
 def test_gpu_test_shapes_take_the_path_they_test(elem_bytes):
     from cases import PATHS
-    assert _plan(*PATHS["tiled"], PATHS["tiled"][1], elem_bytes, 132).tile_rows > 0
-    assert _plan(*PATHS["registers"], PATHS["registers"][1], elem_bytes, 132).tile_rows == 0
+    assert _plan(*PATHS["tiled"], PATHS["tiled"][1], elem_bytes, 132, False).tile_rows > 0
+    assert _plan(*PATHS["registers"], PATHS["registers"][1], elem_bytes, 132, False).tile_rows == 0
     for cols in (64, 5000):  # special_rows
-        assert (_plan(8, cols, cols, elem_bytes, 132).tile_rows > 0) == (cols == 64)
+        assert (_plan(8, cols, cols, elem_bytes, 132, False).tile_rows > 0) == (cols == 64)
 
 
 def test_rows_far_apart_stream_through_registers():
-    assert _plan(300, 1000, 1003, 4, 132).tile_rows > 0  # a small gap is read along with the rows
-    assert _plan(300, 1000, 10000, 4, 132).tile_rows == 0  # a large one is not
-    assert _plan(100, 10, 0, 4, 132).tile_rows > 0  # every row the same memory (an expanded tensor)
+    assert _plan(300, 1000, 1003, 4, 132, False).tile_rows > 0  # a small gap is read along with the rows
+    assert _plan(300, 1000, 10000, 4, 132, False).tile_rows == 0  # a large one is not
+    assert _plan(100, 10, 0, 4, 132, False).tile_rows > 0  # every row the same memory (an expanded tensor)
 
 
 def test_long_rows_are_claimed_a_round_at_a_time_and_short_rows_are_shared_out():
-    long_rows = _plan(32768, 4096, 4096, 4, 132)  # 64 KB a round: claims balance the end
+    long_rows = _plan(32768, 4096, 4096, 4, 132, False)  # 64 KB a round: claims balance the end
     assert long_rows.rounds == 1 and long_rows.chunks > 8 * long_rows.grid
-    short = _plan(1000000, 10, 4096, 4, 132)  # short rows far apart: 10 KB a round, one chunk per CTA
+    short = _plan(1000000, 10, 4096, 4, 132, False)  # short rows far apart: 10 KB a round, one chunk per CTA
     assert short.tile_rows == 0 and short.rounds > 1 and short.chunks == short.grid
 
 
 def test_workspace_layout_is_aligned():
     for rows, cols in itertools.product([1, 5, 70000], [3, 4096, 300000]):
-        p = _plan(rows, cols, cols, 4, 132)
+        p = _plan(rows, cols, cols, 4, 132, False)
         part_off, seg_off, nbytes = model_new._workspace_layout(p, rows)
         assert part_off >= 8 and part_off % 16 == 0 and seg_off % 16 == 0  # two counters first
         if p.splits == 1:
@@ -112,5 +125,6 @@ def test_evict_first_loads_only_for_reads_of_a_few_l2_sizes():
     assert model_new._evict_first(limit, l2) and not model_new._evict_first(limit + 1, l2)
     assert model_new._evict_first(0, l2)
     assert model_new._evict_first(65536 * 1000 * 2, l2)      # 125 MiB of bf16: evict-first measured 7% faster
-    assert not model_new._evict_first(32768 * 4096 * 2, l2)  # 256 MiB of bf16: 1.5 us slower, so plain
-    assert not model_new._evict_first(32768 * 4096 * 4, l2)  # 512 MiB of fp32
+    assert model_new._evict_first(32768 * 4096 * 2, l2)      # 256 MiB of bf16: 3 us faster
+    assert not model_new._evict_first(5120 * 32000 * 2, l2)  # 312 MiB: 0.1-0.3 us slower (8 KB rows: 2 us faster)
+    assert not model_new._evict_first(32768 * 4096 * 4, l2)  # 512 MiB of fp32: 0.9 us slower
