@@ -69,12 +69,12 @@ def evict_first_kernel(name):
 
 
 # Every kernel instance, under either kind of load: the host picks one by the logits' size, so
-# each test forces it.
+# each test forces it. "tiled-long" has rows long enough for evict-first tiles at fewer CTAs per SM.
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("tdtype", [torch.int64, torch.int32], ids=["int64", "int32"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("rows, cols", [PATHS["tiled"], PATHS["registers"], (16, 256000), (257, 4099)],
-                         ids=["tiled", "registers", "split", "unaligned"])
+@pytest.mark.parametrize("rows, cols", [PATHS["tiled"], (300, 1000), PATHS["registers"], (16, 256000), (257, 4099)],
+                         ids=["tiled", "tiled-long", "registers", "split", "unaligned"])
 def test_both_kinds_of_load(model, monkeypatch, rows, cols, dtype, tdtype, evict_first):
     import model_new
     monkeypatch.setattr(model_new, "_evict_first", lambda *_: evict_first)

@@ -55,8 +55,10 @@ def test_chunks_cover_the_items_and_fill_the_grid(rows, cols, elem_bytes, evict_
     per_chunk = p.tile_rows or model_new._THREADS // p.group * p.rounds  # items per chunk
     items = rows * p.splits
     assert (p.chunks - 1) * per_chunk < items <= p.chunks * per_chunk or items == p.chunks == 0
-    # every CTA that fits, unless there are fewer chunks than that: the claims balance the rest
-    assert p.grid == max(1, min(132 * model_new._CTAS_PER_SM, p.chunks))
+    # every CTA that fits (evict-first tiles: fewer per SM), unless there are fewer chunks than
+    # that: the claims balance the rest
+    ctas = {model_new._CTAS_PER_SM} | ({model_new._EVICT_FIRST_TILE_CTAS} if evict_first and p.tile_rows else set())
+    assert p.grid in {max(1, min(132 * c, p.chunks)) for c in ctas}
     # the claim counter is 32-bit and runs at most one claim per CTA past the last chunk
     assert p.chunks + 2 * p.grid < 2**32
 
@@ -93,6 +95,21 @@ def test_gpu_test_shapes_take_the_path_they_test(elem_bytes):
     assert _plan(*PATHS["registers"], PATHS["registers"][1], elem_bytes, 132, False).tile_rows == 0
     for cols in (64, 5000):  # special_rows
         assert (_plan(8, cols, cols, elem_bytes, 132, False).tile_rows > 0) == (cols == 64)
+
+
+def test_evict_first_tiles_of_long_enough_rows_run_fewer_ctas():
+    fewer, every = 132 * model_new._EVICT_FIRST_TILE_CTAS, 132 * model_new._CTAS_PER_SM
+    assert fewer < every
+    for elem_bytes in (4, 2):  # 2000- and 4000-byte rows
+        assert _plan(65536, 1000, 1000, elem_bytes, 132, True).grid == fewer
+        assert _plan(65536, 1000, 1000, elem_bytes, 132, False).grid == every
+    assert _plan(262144, 250, 250, 2, 132, True).grid == every  # 500-byte rows: tiles of much arithmetic
+    assert _plan(1000000, 10, 10, 4, 132, True).grid == every
+    assert _plan(32768, 4096, 4096, 2, 132, True).grid == every  # rows in registers
+    p = _plan(4096, 129, 129, 4, 132, True)  # still one wave: tiles of 16 rows, not 11
+    assert p.grid == p.chunks <= fewer and p.tile_rows == 16
+    p = _plan(8192, 300, 300, 4, 132, True)  # fewer CTAs would need a wave and a bit: every CTA
+    assert p == _plan(8192, 300, 300, 4, 132, False) and p.grid == p.chunks > fewer
 
 
 def test_rows_far_apart_stream_through_registers():
