@@ -1,6 +1,8 @@
 """Runs the kernel once on every GPU-suite shape and view; meant to run under compute-sanitizer.
 
     compute-sanitizer --tool memcheck python tests/sanitize_cases.py --both-loads
+    compute-sanitizer --tool racecheck python tests/sanitize_cases.py
+    compute-sanitizer --tool racecheck python tests/sanitize_cases.py --plain-loads
 """
 import os
 import sys
@@ -13,11 +15,12 @@ from cases import DTYPES, SHAPES, logits, targets, views  # noqa: E402
 
 model = model_new.ModelNew()
 runs = 0
-# With --both-loads, every case under both kinds of load (left to the host, all of these sizes
-# would read evict-first). memcheck needs that: the two differ only in their global loads. racecheck
-# does not (shared memory is used alike), and twice the launches outgrew the 128 GiB of host memory
-# it had on the H100 machine.
-for evict_first in ((True, False) if "--both-loads" in sys.argv else (None,)):
+# Left to the host, all of these sizes read evict-first. --plain-loads forces plain loads, and
+# --both-loads runs every case under each kind: they differ in their global loads and in the launch
+# shape (_plan: group sizes, CTAs per SM). racecheck takes one kind per process: twice the launches
+# outgrew the 128 GiB of host memory it had on the H100 machine.
+kinds = (True, False) if "--both-loads" in sys.argv else (False,) if "--plain-loads" in sys.argv else (None,)
+for evict_first in kinds:
     if evict_first is not None:
         model_new._evict_first = lambda *_, forced=evict_first: forced
     for dtype in DTYPES.values():
