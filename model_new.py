@@ -874,10 +874,10 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first):
     if tile_rows and evict_first and cols * elem_bytes >= _EVICT_FIRST_TILE_MIN_ROW:
         # Evict-first tiles stream faster with fewer of them in flight: 2 CTAs per SM read 65536 x
         # 1000 bf16 in 54.1 us against 57.1, 200000 x 200 fp32 in 64.5 against 67.6, 4096 x 129
-        # fp32 in 8.4 against 9.7. Tiles of rows of a few words, mostly arithmetic, need every CTA
-        # (262144 x 250 bf16: 10 us slower, 1000000 x 10: 2 us), and so do rows in registers
-        # (32768 x 4096 bf16: 4.9 us slower). Nor may fewer CTAs turn one wave of tiles into a
-        # wave and a bit (8192 x 300 fp32: 1.3 us slower).
+        # fp32 in 8.4 against 9.7. Tiles of shorter rows, more arithmetic per byte, can need every
+        # CTA (262144 x 250 bf16, rows of 500 bytes: 10 us slower; 1000000 x 10: 2 us), and so do
+        # rows in registers (32768 x 4096 bf16: 4.9 us slower). Nor may fewer CTAs turn one wave of
+        # tiles into a wave and a bit (8192 x 300 fp32: 1.3 us slower).
         fewer = num_sms * _EVICT_FIRST_TILE_CTAS
         fewer_rows = _tile_rows(rows, cols, row_stride, elem_bytes, fewer)
         if -(-rows // fewer_rows) <= fewer or -(-rows // tile_rows) > max_grid:
