@@ -880,7 +880,9 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first):
         # tiles into a wave and a bit (8192 x 300 fp32: 1.3 us slower).
         fewer = num_sms * _EVICT_FIRST_TILE_CTAS
         fewer_rows = _tile_rows(rows, cols, row_stride, elem_bytes, fewer)
-        if -(-rows // fewer_rows) <= fewer or -(-rows // tile_rows) > max_grid:
+        one_wave_of_every_cta = -(-rows // tile_rows) <= max_grid
+        one_wave_of_fewer = -(-rows // fewer_rows) <= fewer
+        if one_wave_of_fewer or not one_wave_of_every_cta:
             max_grid, tile_rows = fewer, fewer_rows
     if tile_rows:
         # A group of a power of two threads (at most a warp) per row, so that the CTA's groups
@@ -932,6 +934,15 @@ def _evict_first(logit_bytes, l2_bytes):
     per item) the saving won up to 250-384 MiB of logits, by shape, and lost from 312-448 MiB
     (bench/PERF.md): up to 6 L2 sizes (300 MiB on the H100) read evict-first."""
     return logit_bytes <= _EVICT_FIRST_L2S * l2_bytes
+
+
+def _plan_for(logits):
+    """The launch plan for 2-D logits on their GPU, and whether it reads them evict-first."""
+    gpu = _device_properties(logits.device.index)
+    rows, cols = logits.shape
+    evict_first = _evict_first(rows * cols * logits.element_size(), gpu.L2_cache_size)
+    plan = _plan(rows, cols, logits.stride(0), logits.element_size(), gpu.multi_processor_count, evict_first)
+    return plan, evict_first
 
 
 def _workspace_layout(plan, rows):
@@ -1046,9 +1057,7 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
     if check_targets:
         _first_bad_target(targets, cols)
     device = logits.device
-    gpu = _device_properties(device.index)
-    evict_first = _evict_first(rows * cols * logits.element_size(), gpu.L2_cache_size)
-    plan = _plan(rows, cols, logits.stride(0), logits.element_size(), gpu.multi_processor_count, evict_first)
+    plan, evict_first = _plan_for(logits)
     part_off, seg_off, nbytes = _workspace_layout(plan, rows)
     stream = torch.cuda.current_stream(device)
     ws = _workspace(device, stream, nbytes)

@@ -133,9 +133,7 @@ def test_target_logit_at_segment_boundaries(model, dtype):
     import model_new
     rows, cols = 4, 300001
     for name, x in [("aligned", logits(rows, cols, dtype))] + views(rows, cols, dtype)[:2]:
-        gpu = torch.cuda.get_device_properties(0)
-        evict_first = model_new._evict_first(x.numel() * x.element_size(), gpu.L2_cache_size)
-        plan = model_new._plan(rows, cols, x.stride(0), x.element_size(), gpu.multi_processor_count, evict_first)
+        plan, _ = model_new._plan_for(x)
         assert plan.splits > 1
         cuts = [k * plan.seg_len + d for k in range(1, plan.splits) for d in (-1, 0)] + [0, cols - 1]
         for i in range(0, len(cuts), rows):
