@@ -70,6 +70,7 @@ constexpr int kThreads = CE_THREADS;         // threads per CTA, shared with the
 constexpr int kCtasPerSm = CE_CTAS_PER_SM;   // resident CTAs per SM: caps registers per thread
 constexpr int kBatch = CE_BATCH;             // 16-byte loads in flight per thread before first use
 constexpr int kTileTargets = CE_TILE_TARGETS;  // targets each thread loads per tile of short rows
+constexpr int kSegSlab = CE_SEG_SLAB;        // segment partials the last CTA stages at a time: splits <= kSegSlab
 constexpr int kWarps = kThreads / 32;
 constexpr long long kIgnoreIndex = -100;     // PyTorch's default ignore_index
 constexpr float kLog2e = 1.4426950408889634f;
@@ -404,7 +405,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
 // two tiles in flight, measured slower: bench/PERF.md.)
 constexpr int kTileVecs = kThreads * kBatch;         // whole vectors a tile's stretch may hold
 constexpr int kTileRows = kThreads * kTileTargets;   // rows a tile may hold
-constexpr int kTargetIgnored = -1, kTargetBad = -2;  // a tile's targets, as stored in shared memory
+constexpr int kTargetIgnored = -1, kTargetBad = -2;  // targets as stored in shared memory (tiles, the segment merge)
 
 // A tile's rows and the memory that holds them: row0's first element and the stretch up to the
 // last row's last element, cut at 16-byte boundaries.
@@ -561,6 +562,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   __shared__ bool is_last_cta;
   __shared__ uint4 tile_vecs[kTiled ? kTileVecs + 2 : 1];  // a tile's vectors, a spare slot at each end
   __shared__ int tile_targets[kTiled ? kTileRows : 1];
+  // Launched with it only where rows are split: the last CTA's segment partials, a slab of rows at a
+  // time, then those rows' targets as target_code gives them. Dynamic, so that the other launches
+  // keep their few hundred bytes of shared memory, and L1 the rest.
+  extern __shared__ float4 seg_slab[];
+  int* const seg_targets = reinterpret_cast<int*>(seg_slab + kSegSlab);
 
   const int group = p.group;
   const int lane = threadIdx.x & (group - 1);
@@ -697,7 +703,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   if (threadIdx.x == 0) *claims = 0;  // every CTA made its last claim before it arrived
 
   Total total = {0.0, 0ull};
-  if (p.splits == 1) {
+  if (kTiled || p.splits == 1) {
     // The chunks' partials two at a time, kFinalLoads loads in flight per thread, each thread a
     // fixed share: this tail runs on one SM while the rest of the GPU idles, so its latency counts.
     constexpr int kFinalLoads = 8;
@@ -721,22 +727,48 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
       }
     }
   } else {
-    for (long long row = threadIdx.x; row < p.rows; row += kThreads) {
-      const long long target = (long long)targets[row * p.target_stride];
-      if (target == kIgnoreIndex) continue;
-      ++total.count;
-      if (target < 0 || target >= p.cols) {
-        total.sum += __int_as_float(0x7fc00000);
-        continue;
+    // Segments: a slab of rows' (m, s, x_t) triples and their targets come into shared memory in one
+    // round of loads, then `lanes` threads merge each row: lane l takes segments l, l + lanes, ... in
+    // order (at most 4 where 32 lanes allow), and a butterfly merges the lanes. One thread per row,
+    // merging straight from global memory, waited a round trip per segment, then merged them one by
+    // one: 1 x 4096000 fp32 took 46 us. A warp per row wasted lanes on rows of a few segments.
+    constexpr int kPerThread = kSegSlab / kThreads;
+    const int slab_rows = kSegSlab / p.splits;  // at most kThreads: the host keeps 2 <= splits <= kSegSlab
+    int lanes = 1;
+    while (lanes < 32 && 4 * lanes < p.splits) lanes <<= 1;
+    const int row_lane = threadIdx.x & (lanes - 1), row_groups = kThreads / lanes;
+    for (long long r0 = 0; r0 < p.rows; r0 += slab_rows) {
+      const int nrows = int(min((long long)slab_rows, p.rows - r0));
+      const int n = nrows * p.splits;
+      const float4* src = p.seg_partials + r0 * p.splits;
+      float4 q[kPerThread];
+#pragma unroll
+      for (int u = 0; u < kPerThread; ++u)
+        if (threadIdx.x + u * kThreads < n) q[u] = __ldcg(src + threadIdx.x + u * kThreads);
+      if (int(threadIdx.x) < nrows)
+        seg_targets[threadIdx.x] = target_code(targets[(r0 + threadIdx.x) * p.target_stride], p.cols);
+#pragma unroll
+      for (int u = 0; u < kPerThread; ++u)
+        if (threadIdx.x + u * kThreads < n) seg_slab[threadIdx.x + u * kThreads] = q[u];
+      __syncthreads();
+      // The same trip count in every thread, so that the butterflies never diverge.
+      for (int r = threadIdx.x / lanes; r - int(threadIdx.x / lanes) < nrows; r += row_groups) {
+        Lse st = {-INFINITY, 0.f};
+        float x_target = 0.f;
+        for (int s = row_lane; r < nrows && s < p.splits; s += lanes) {
+          const float4 part = seg_slab[r * p.splits + s];
+          st = lse_merge(st, {part.x, part.y});
+          x_target += part.z;  // one segment holds the target logit, the rest +0
+        }
+        lse_reduce_lanes(st, lanes);
+        for (int offset = lanes >> 1; offset > 0; offset >>= 1) x_target += __shfl_xor_sync(0xffffffffu, x_target, offset);
+        const int target = r < nrows ? seg_targets[r] : kTargetIgnored;
+        if (row_lane == 0 && target != kTargetIgnored) {
+          total.sum += target >= 0 ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
+          ++total.count;
+        }
       }
-      Lse st = {-INFINITY, 0.f};
-      float x_target = 0.f;
-      for (int s = 0; s < p.splits; ++s) {
-        const float4 q = __ldcg(p.seg_partials + row * p.splits + s);
-        st = lse_merge(st, {q.x, q.y});
-        x_target += q.z;
-      }
-      total.sum += row_loss(st, x_target);
+      __syncthreads();  // every row is merged before the next slab overwrites this one
     }
   }
   total = cta_sum(total, final_scratch);
@@ -745,8 +777,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
 
 template <class E, class Target, bool kEvictFirst>
 void launch_typed(const Params& p, int grid, cudaStream_t stream) {
+  const size_t seg_smem = p.splits > 1 ? kSegSlab * sizeof(float4) + kThreads * sizeof(int) : 0;
   if (p.tile_rows > 0) cross_entropy_mean_kernel<E, Target, true, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
-  else cross_entropy_mean_kernel<E, Target, false, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  else cross_entropy_mean_kernel<E, Target, false, kEvictFirst><<<grid, kThreads, seg_smem, stream>>>(p);
 }
 
 template <class E, class Target>
@@ -825,6 +858,7 @@ _BATCH = 8              # 16-byte loads each thread issues together (the kernel'
 _VECS_PER_THREAD = 16   # 16-byte vectors per thread and item (two batches), where rows are long enough;
                         # one batch (twice the group) where the loads are evict-first: see _plan
 _MAX_SEG = 1 << 30      # in-segment column indices are 32-bit
+_SEG_SLAB = 2 * _THREADS  # segments per row at most: the last CTA stages a row's partials at once (kSegSlab)
 _CLAIM_BYTES = 16 << 10 # a CTA's round reads at least this much: claim chunks of one round
 _TILE_BYTES = _THREADS * _BATCH * 16  # a tile of short rows: one batch of every thread of a CTA
 _TILE_TARGETS = 4       # targets per thread and tile (the kernel's kTileTargets)
@@ -895,7 +929,7 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first):
     # Fewer rows than CTAs: cut each row into segments so that every SM streams, as long as a
     # segment still gives every thread of its CTA a full batch (shorter rows are cheaper whole).
     if 0 < rows < max_grid:
-        splits = max(splits, min(max_grid // rows, row_vecs // (_BATCH * _THREADS)))
+        splits = max(splits, min(max_grid // rows, row_vecs // (_BATCH * _THREADS), _SEG_SLAB))
     seg_len = -(-cols // splits)
     seg_len = -(-seg_len // per_vec) * per_vec
     splits = max(1, -(-cols // seg_len))
@@ -960,7 +994,7 @@ def _workspace_layout(plan, rows):
 # build short.
 def _nvcc_flags(arch_flags):
     return ["-O3", "-std=c++17", f"-DCE_THREADS={_THREADS}", f"-DCE_CTAS_PER_SM={_CTAS_PER_SM}", f"-DCE_BATCH={_BATCH}",
-            f"-DCE_TILE_TARGETS={_TILE_TARGETS}",
+            f"-DCE_TILE_TARGETS={_TILE_TARGETS}", f"-DCE_SEG_SLAB={_SEG_SLAB}",
             *arch_flags]
 
 
@@ -1034,6 +1068,8 @@ def _check_inputs(logits, targets):
         raise ValueError(f"batch sizes differ: logits have {logits.shape[0]} rows, targets {targets.shape[0]}")
     if logits.shape[-1] == 0:
         raise ValueError("logits have no classes (C = 0)")
+    if logits.shape[-1] > _MAX_SEG * _SEG_SLAB:
+        raise ValueError(f"logits have {logits.shape[-1]} classes; at most {_MAX_SEG * _SEG_SLAB} are supported")
     if _ext is None:
         raise RuntimeError("the cross-entropy extension was not built: no CUDA device was visible at import")
 

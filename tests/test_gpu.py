@@ -142,6 +142,23 @@ def test_target_logit_at_segment_boundaries(model, dtype):
             assert_matches(model(x, t), x, t)
 
 
+@pytest.mark.parametrize("rows, cols", [(100, 400000), (1, 2**22)])
+def test_segments_merged_a_slab_at_a_time(model, monkeypatch, rows, cols):
+    """On a GPU of many SMs rows split further than on this one: more segment partials than the last
+    CTA stages at once (100 rows in 30 segments each, 6 slabs), or a row in the most segments (512,
+    16 per lane). Planned here for 1000 SMs and launched on this GPU, whose CTAs claim the chunks."""
+    import types
+    import model_new
+    gpu = model_new._device_properties(torch.cuda.current_device())
+    many = types.SimpleNamespace(multi_processor_count=1000, L2_cache_size=gpu.L2_cache_size)
+    monkeypatch.setattr(model_new, "_device_properties", lambda _: many)
+    x, t = logits(rows, cols, torch.float32), targets(rows, cols)
+    t[rows // 3] = -100 if rows > 1 else t[0]
+    plan, _ = model_new._plan_for(x)
+    assert rows * plan.splits > model_new._SEG_SLAB or plan.splits == model_new._SEG_SLAB
+    assert_matches(model(x, t), x, t)
+
+
 def test_strided_targets(model):
     x = logits(100, 50, torch.float32)
     t = targets(200, 50)[::2]

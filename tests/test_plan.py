@@ -7,12 +7,12 @@ import model_new
 from model_new import _plan
 
 SHAPES = [(0, 7), (1, 1), (1, 4096), (3, 5), (4096, 129), (32768, 4096), (4096, 32000), (8192, 50257),
-          (8192, 128256), (16, 256000), (1000000, 10), (65536, 1000), (2, 3 * 2**30), (131, 777777)]
+          (8192, 128256), (16, 256000), (1000000, 10), (65536, 1000), (2, 3 * 2**30), (131, 777777), (1, 2**24)]
 
 
 @pytest.mark.parametrize("rows, cols", SHAPES)
 @pytest.mark.parametrize("elem_bytes", [4, 2])
-@pytest.mark.parametrize("sms", [132, 108, 1])
+@pytest.mark.parametrize("sms", [132, 108, 1, 1000])
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 def test_plan_is_legal(rows, cols, elem_bytes, sms, evict_first):
     p = _plan(rows, cols, cols, elem_bytes, sms, evict_first)
@@ -20,8 +20,9 @@ def test_plan_is_legal(rows, cols, elem_bytes, sms, evict_first):
     assert 1 <= p.grid <= max(1, sms * model_new._CTAS_PER_SM)
     assert p.group & (p.group - 1) == 0 and 1 <= p.group <= model_new._THREADS
     assert p.seg_len % per_vec == 0 and p.seg_len <= model_new._MAX_SEG
-    # segments tile the row exactly: none empty, none missing
+    # segments tile the row exactly: none empty, none missing; the last CTA can stage a row's partials
     assert (p.splits - 1) * p.seg_len < cols <= p.splits * p.seg_len
+    assert p.splits <= model_new._SEG_SLAB
     # items per CTA fit in a 32-bit count
     assert rows * p.splits // p.grid < 2**31
     if p.tile_rows:  # a tile's stretch fits the CTA's one batch of vectors, its targets one slot each
