@@ -51,11 +51,12 @@ _CUDA_SRC = r"""
 // the DRAM half idle. Claims come in order, so the grid still sweeps the tensor front to back.
 // Where a round of a CTA reads only a few KB (very short rows) claims cost more than they
 // balance, and the plan gives each CTA one chunk of many rounds: a fixed share, as before.
-// Determinism survives the dynamic schedule because nothing is summed per CTA: each chunk's
+// Determinism survives the dynamic schedule because no float is summed per CTA: each chunk's
 // losses are summed in group order and stored at the chunk's index, and the last CTA sums the
-// chunks in index order. Segments store an (m, s, x_t) triple per item instead, which the last
-// CTA merges per row. The last CTA is found with a counter that an atomic increment returns to
-// zero by itself and resets the claim counter, so the workspace needs zeroing once, at allocation.
+// chunks in index order; rows of ignore_index are counted into an integer, the same in any order.
+// Segments store an (m, s, x_t) triple per item instead, which the last CTA merges per row. The
+// last CTA is found with a counter that an atomic increment returns to zero by itself, and resets
+// the claim counter and the ignored rows' count, so the workspace needs zeroing once, at allocation.
 //
 // Loads: the logits stream through plain 16-byte loads, or evict-first ones where they are at most
 // a few L2 sizes (the host's _evict_first says why).
@@ -80,7 +81,8 @@ struct Params {
   const void* targets;
   void* out;                   // one element of the logits' dtype
   unsigned int* counter;       // [0]: CTAs that finished, modulo gridDim.x; [1]: chunks claimed
-  float2* chunk_partials;      // per chunk when splits == 1: (sum of losses, count as bits)
+  unsigned long long* ignored_rows;  // rows whose target is ignore_index (splits == 1), beside them
+  float* chunk_partials;       // per chunk when splits == 1: the sum of its rows' losses
   float4* seg_partials;        // per item when splits > 1: (m, s, x_t, unused)
   long long rows, cols, row_stride, target_stride;
   long long items;             // rows * splits
@@ -526,10 +528,10 @@ __device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int 
 }
 
 // The rows of a tile in shared memory, a row per group at a time; leaders add their rows' losses
-// and counts.
+// and count those of ignore_index.
 template <class E>
 __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t, const uint4* vecs, const int* targets,
-                                          int lane, int group, float& loss_sum, unsigned int& count) {
+                                          int lane, int group, float& loss_sum, unsigned int& ignored) {
   const auto* elems = reinterpret_cast<const typename E::Storage*>(vecs);
   // group is a power of two: shifts, where divisions cost three conversions each.
   const int shift = __ffs(group) - 1;
@@ -542,9 +544,9 @@ __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t,
     const int start = tile_index(t, r * int(p.row_stride));
     // Ignored rows and bad targets need no sum: they read nothing.
     const Lse st = row_lse_shared<E>(vecs, start, target >= 0 ? int(p.cols) : 0, lane, group);
-    if (lane == 0 && target != kTargetIgnored) {
-      loss_sum += target >= 0 ? row_loss(st, E::value(elems[start + target])) : __int_as_float(0x7fc00000);
-      ++count;
+    if (lane == 0 && r < t.rows) {
+      if (target == kTargetIgnored) ++ignored;
+      else loss_sum += target >= 0 ? row_loss(st, E::value(elems[start + target])) : __int_as_float(0x7fc00000);
     }
   }
 }
@@ -556,7 +558,7 @@ __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t,
 template <class E, class Target, bool kTiled, bool kEvictFirst>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kernel(const Params p) {
   __shared__ float4 warp_state[2][kWarps];     // (m, s, target logit or 0, unused) per warp, by item parity
-  __shared__ float2 warp_sums[2][kWarps];      // (loss sum, count as bits) per warp, by chunk parity
+  __shared__ float warp_sums[2][kWarps];       // loss sum per warp, by chunk parity
   __shared__ long long claimed[2];             // the chunk after next, by chunk parity
   __shared__ Total final_scratch[kWarps];
   __shared__ bool is_last_cta;
@@ -593,15 +595,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   long long next_target = kTiled ? 0 : load_target(item_of(chunk, 0));
   TileLoads<E, Target, kEvictFirst> tile;  // tiles: the next one, in flight
   if (kTiled && chunk < p.chunks) tile.issue(p, tile_span<E>(p, chunk));
-  float lone_sum = 0.f;  // thread 0 of a lone CTA: the chunks' sums, in order
-  unsigned int lone_count = 0;
+  float lone_sum = 0.f;      // thread 0 of a lone CTA: the chunks' sums, in order
+  unsigned int ignored = 0;  // leaders: the rows of ignore_index they met; the mean divides by the rest
   int item_parity = 0;
 
   for (int parity = 0; chunk < p.chunks; parity ^= 1) {  // chunk is the same in every thread
     unsigned int claim = 0;
     if (threadIdx.x == 0 && !lone) claim = atomicAdd(claims, 1u);
-    float loss_sum = 0.f;    // leaders: this group's rows of the chunk, in order; 0 elsewhere
-    unsigned int count = 0;  // leaders: those rows whose target is not ignore_index; 0 elsewhere
+    float loss_sum = 0.f;  // leaders: this group's rows of the chunk, in order; 0 elsewhere
 
     if constexpr (kTiled) {
       // The last chunk's barrier below is past every read of the previous tile.
@@ -609,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
       tile.store(p, span, tile_vecs, tile_targets);
       if (next_chunk < p.chunks) tile.issue(p, tile_span<E>(p, next_chunk));
       __syncthreads();
-      tile_loss<E>(p, span, tile_vecs, tile_targets, lane, group, loss_sum, count);
+      tile_loss<E>(p, span, tile_vecs, tile_targets, lane, group, loss_sum, ignored);
     }
     for (int r = 0; !kTiled && r < rounds; ++r, item_parity ^= 1) {
       const long long item = item_of(chunk, r);
@@ -650,9 +651,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
       if (leader && item < p.items) {
         if (p.splits > 1) {
           p.seg_partials[item] = make_float4(st.m, st.s, x_target, 0.f);
-        } else if (target != kIgnoreIndex) {
+        } else if (target == kIgnoreIndex) {
+          ++ignored;
+        } else {
           loss_sum += (target >= 0 && target < p.cols) ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
-          ++count;
         }
       }
     }
@@ -661,28 +663,17 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
     // thread 0 sums the warps. Only that last step waits for the barrier, so the chunk costs
     // the CTA one barrier and a few shared-memory reads.
     if (p.splits == 1) {
-      for (int offset = group; offset < 32; offset <<= 1) {
-        loss_sum += __shfl_xor_sync(0xffffffffu, loss_sum, offset);
-        count += __shfl_xor_sync(0xffffffffu, count, offset);
-      }
-      if ((threadIdx.x & 31) == 0) warp_sums[parity][threadIdx.x >> 5] = make_float2(loss_sum, __uint_as_float(count));
+      for (int offset = group; offset < 32; offset <<= 1) loss_sum += __shfl_xor_sync(0xffffffffu, loss_sum, offset);
+      if ((threadIdx.x & 31) == 0) warp_sums[parity][threadIdx.x >> 5] = loss_sum;
     }
     if (threadIdx.x == 0) claimed[parity] = lone ? chunk + 2 : 2ll * gridDim.x + claim;
     __syncthreads();
     if (p.splits == 1 && threadIdx.x == 0) {
       float sum = 0.f;
-      unsigned int n = 0;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        sum += warp_sums[parity][w].x;
-        n += __float_as_uint(warp_sums[parity][w].y);
-      }
-      if (lone) {
-        lone_sum += sum;
-        lone_count += n;
-      } else {
-        p.chunk_partials[chunk] = make_float2(sum, __uint_as_float(n));
-      }
+      for (int w = 0; w < kWarps; ++w) sum += warp_sums[parity][w];
+      if (lone) lone_sum += sum;
+      else p.chunk_partials[chunk] = sum;
     }
     chunk = next_chunk;
     next_chunk = claimed[parity];
@@ -690,8 +681,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
 
   // A lone CTA over whole rows has the answer already: no partials, no counter (tiny problems).
   if (lone && p.splits == 1) {
-    if (threadIdx.x == 0) E::store(p.out, float(double(lone_sum) / double(lone_count)));  // 0 rows: NaN
+    const Total t = cta_sum({threadIdx.x == 0 ? double(lone_sum) : 0.0, ignored}, final_scratch);
+    if (threadIdx.x == 0) E::store(p.out, float(t.sum / double(p.rows - (long long)t.count)));  // 0 rows: NaN
     return;
+  }
+  // Rows of ignore_index, counted by warp: an integer sum, the same in any order. (Counting the rows
+  // beside each chunk's loss doubled the partials that the last CTA reads, at 0.7 us a round.)
+  if (p.splits == 1 && __any_sync(0xffffffffu, ignored)) {
+    const unsigned long long warp_ignored = warp_sum((unsigned long long)ignored);
+    if ((threadIdx.x & 31) == 0) atomicAdd(p.ignored_rows, warp_ignored);
   }
   // The barrier orders every thread's partials before thread 0's arrival, whose release publishes
   // them device-wide; in the last CTA its acquire, then the barrier, orders the other CTAs'
@@ -701,29 +699,31 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   __syncthreads();
   if (!is_last_cta) return;
   if (threadIdx.x == 0) *claims = 0;  // every CTA made its last claim before it arrived
+  // Every CTA counted its ignored rows before it arrived. Loaded first, so that its round trip
+  // overlaps the partials' loads.
+  const unsigned long long ignored_rows = threadIdx.x == 0 && p.splits == 1 ? __ldcg(p.ignored_rows) : 0ull;
 
   Total total = {0.0, 0ull};
   if (kTiled || p.splits == 1) {
-    // The chunks' partials two at a time, kFinalLoads loads in flight per thread, each thread a
-    // fixed share: this tail runs on one SM while the rest of the GPU idles, so its latency counts.
+    // The chunks' sums four at a time, kFinalLoads loads in flight per thread, each thread a fixed
+    // share: this tail runs on one SM while the rest of the GPU idles, so its latency counts.
     constexpr int kFinalLoads = 8;
-    const float4* pairs = reinterpret_cast<const float4*>(p.chunk_partials);
-    const long long npairs = (p.chunks + 1) / 2;
-    for (long long i0 = threadIdx.x; i0 < npairs; i0 += kFinalLoads * kThreads) {
+    const float4* quads = reinterpret_cast<const float4*>(p.chunk_partials);
+    const long long nquads = (p.chunks + 3) / 4;
+    for (long long i0 = threadIdx.x; i0 < nquads; i0 += kFinalLoads * kThreads) {
       float4 q[kFinalLoads];
 #pragma unroll
       for (int u = 0; u < kFinalLoads; ++u) {
         const long long i = i0 + u * kThreads;
-        q[u] = i < npairs ? __ldcg(pairs + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        q[u] = i < nquads ? __ldcg(quads + i) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int u = 0; u < kFinalLoads; ++u) {
+        const long long first = 4 * (i0 + u * kThreads);  // the last quad may hold fewer chunks
         total.sum += q[u].x;
-        total.count += __float_as_uint(q[u].y);
-        if (2 * (i0 + u * kThreads) + 1 < p.chunks) {  // an odd count leaves the last pair half full
-          total.sum += q[u].z;
-          total.count += __float_as_uint(q[u].w);
-        }
+        if (first + 1 < p.chunks) total.sum += q[u].y;
+        if (first + 2 < p.chunks) total.sum += q[u].z;
+        if (first + 3 < p.chunks) total.sum += q[u].w;
       }
     }
   } else {
@@ -772,7 +772,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
     }
   }
   total = cta_sum(total, final_scratch);
-  if (threadIdx.x == 0) E::store(p.out, float(total.sum / double(total.count)));  // 0 rows: 0/0 = NaN
+  if (threadIdx.x == 0) {
+    if (kTiled || p.splits == 1) {
+      total.count = p.rows - ignored_rows;
+      *p.ignored_rows = 0;
+    }
+    E::store(p.out, float(total.sum / double(total.count)));  // 0 rows: 0/0 = NaN
+  }
 }
 
 template <class E, class Target, bool kEvictFirst>
@@ -807,7 +813,8 @@ void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t ou
   p.targets = reinterpret_cast<const void*>(targets);
   p.out = reinterpret_cast<void*>(out);
   p.counter = reinterpret_cast<unsigned int*>(counter);
-  p.chunk_partials = reinterpret_cast<float2*>(chunk_partials);
+  p.ignored_rows = reinterpret_cast<unsigned long long*>(counter + 8);
+  p.chunk_partials = reinterpret_cast<float*>(chunk_partials);
   p.seg_partials = reinterpret_cast<float4*>(seg_partials);
   p.rows = rows;
   p.cols = cols;
@@ -981,9 +988,9 @@ def _plan_for(logits):
 
 def _workspace_layout(plan, rows):
     """Byte offsets of the chunk partials and of the segment partials, and the bytes in all.
-    The two counters sit at 0."""
+    The counters fill the first 16 bytes: CTAs finished, chunks claimed, rows ignored (64-bit)."""
     part_off = 16
-    part_bytes = 8 * plan.chunks if plan.splits == 1 else 0
+    part_bytes = 4 * plan.chunks if plan.splits == 1 else 0
     seg_off = part_off + 16 * (-(-part_bytes // 16))
     seg_bytes = 16 * rows * plan.splits if plan.splits > 1 else 0
     return part_off, seg_off, seg_off + seg_bytes
@@ -1037,7 +1044,7 @@ def _workspace(device, stream, nbytes):
     ws = _workspaces.get(key)
     if ws is not None and ws.numel() * 4 >= nbytes:
         return ws
-    # Zeroed once here; every launch leaves both counters at zero again. Inside graph capture the
+    # Zeroed once here; every launch leaves its counters at zero again. Inside graph capture the
     # zeroing becomes part of the graph, and the buffer lives only as long as the graph needs it.
     ws = torch.zeros(-(-nbytes // 4), dtype=torch.int32, device=device)
     if not torch.cuda.is_current_stream_capturing():

@@ -243,6 +243,15 @@ def test_ignore_index(model, path):
     assert torch.isnan(model(x, t))  # nothing counted: 0/0, as PyTorch gives
 
 
+@pytest.mark.parametrize("cols", [77, 4096], ids=["tiled", "registers"])
+def test_ignore_index_in_a_lone_cta(model, cols):
+    """One row, one CTA, no partials: it counts its own ignored rows."""
+    x, t = logits(1, cols, torch.float32), targets(1, cols)
+    assert_matches(model(x, t), x, t)
+    t[0] = -100
+    assert torch.isnan(model(x, t))
+
+
 def test_ignore_index_in_split_rows(model):
     x, t = logits(16, 256000, torch.float32), targets(16, 256000)
     t[3] = -100
