@@ -565,8 +565,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   __shared__ uint4 tile_vecs[kTiled ? kTileVecs + 2 : 1];  // a tile's vectors, a spare slot at each end
   __shared__ int tile_targets[kTiled ? kTileRows : 1];
   // Launched with it only where rows are split: the last CTA's segment partials, a slab of rows at a
-  // time, then those rows' targets as target_code gives them. Dynamic, so that the other launches
-  // keep their few hundred bytes of shared memory, and L1 the rest.
+  // time, then whether those rows count (0), are ignored or have a bad target. Dynamic, so that the
+  // other launches keep their few hundred bytes of shared memory, and L1 the rest.
   extern __shared__ float4 seg_slab[];
   int* const seg_targets = reinterpret_cast<int*>(seg_slab + kSegSlab);
 
@@ -745,8 +745,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
 #pragma unroll
       for (int u = 0; u < kPerThread; ++u)
         if (threadIdx.x + u * kThreads < n) q[u] = __ldcg(src + threadIdx.x + u * kThreads);
-      if (int(threadIdx.x) < nrows)
-        seg_targets[threadIdx.x] = target_code(targets[(r0 + threadIdx.x) * p.target_stride], p.cols);
+      if (int(threadIdx.x) < nrows) {
+        // Only whether the row counts: the target logit is in the partials, and the column can
+        // pass 2^31 here, so target_code's int would not hold it.
+        const long long target = targets[(r0 + threadIdx.x) * p.target_stride];
+        seg_targets[threadIdx.x] = target == kIgnoreIndex ? kTargetIgnored : target >= 0 && target < p.cols ? 0 : kTargetBad;
+      }
 #pragma unroll
       for (int u = 0; u < kPerThread; ++u)
         if (threadIdx.x + u * kThreads < n) seg_slab[threadIdx.x + u * kThreads] = q[u];
