@@ -562,6 +562,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   __shared__ long long claimed[2];             // the chunk after next, by chunk parity
   __shared__ Total final_scratch[kWarps];
   __shared__ bool is_last_cta;
+  __shared__ unsigned int lone_ignored;        // a lone CTA's rows of ignore_index
   __shared__ uint4 tile_vecs[kTiled ? kTileVecs + 2 : 1];  // a tile's vectors, a spare slot at each end
   __shared__ int tile_targets[kTiled ? kTileRows : 1];
   // Launched with it only where rows are split: the last CTA's segment partials, a slab of rows at a
@@ -596,6 +597,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   TileLoads<E, Target, kEvictFirst> tile;  // tiles: the next one, in flight
   if (kTiled && chunk < p.chunks) tile.issue(p, tile_span<E>(p, chunk));
   float lone_sum = 0.f;      // thread 0 of a lone CTA: the chunks' sums, in order
+  if (threadIdx.x == 0) lone_ignored = 0;  // ordered before any addition by the barriers that follow
   unsigned int ignored = 0;  // leaders: the rows of ignore_index they met; the mean divides by the rest
   int item_parity = 0;
 
@@ -681,8 +683,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
 
   // A lone CTA over whole rows has the answer already: no partials, no counter (tiny problems).
   if (lone && p.splits == 1) {
-    const Total t = cta_sum({threadIdx.x == 0 ? double(lone_sum) : 0.0, ignored}, final_scratch);
-    if (threadIdx.x == 0) E::store(p.out, float(t.sum / double(p.rows - (long long)t.count)));  // 0 rows: NaN
+    if (ignored) atomicAdd(&lone_ignored, ignored);  // an integer sum in shared memory: any order
+    __syncthreads();
+    if (threadIdx.x == 0) E::store(p.out, float(double(lone_sum) / double(p.rows - lone_ignored)));  // 0 rows: NaN
     return;
   }
   // Rows of ignore_index, counted by warp: an integer sum, the same in any order. (Counting the rows
