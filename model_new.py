@@ -437,8 +437,15 @@ __device__ __forceinline__ TileSpan<E> tile_span(const Params& p, long long tile
 template <class E>
 __device__ __forceinline__ int tile_index(const TileSpan<E>& t, int e) { return E::kPerVec - t.cut.head + e; }
 
+// Whether a row counts (kTargetCounted), is skipped (ignore_index) or yields NaN (outside [0, cols)).
+constexpr int kTargetCounted = 0;
+__device__ __forceinline__ int target_kind(long long target, long long cols) {
+  return target == kIgnoreIndex ? kTargetIgnored : (target >= 0 && target < cols) ? kTargetCounted : kTargetBad;
+}
+// A tile's target as stored in shared memory: its column where the row counts, else its kind.
 __device__ __forceinline__ int target_code(long long target, long long cols) {
-  return target == kIgnoreIndex ? kTargetIgnored : (target >= 0 && target < cols) ? int(target) : kTargetBad;
+  const int kind = target_kind(target, cols);
+  return kind == kTargetCounted ? int(target) : kind;
 }
 
 // A 16-byte store to a shared-memory address held in one 32-bit register: through a generic
@@ -566,10 +573,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   __shared__ uint4 tile_vecs[kTiled ? kTileVecs + 2 : 1];  // a tile's vectors, a spare slot at each end
   __shared__ int tile_targets[kTiled ? kTileRows : 1];
   // Launched with it only where rows are split: the last CTA's segment partials, a slab of rows at a
-  // time, then whether those rows count (0), are ignored or have a bad target. Dynamic, so that the
-  // other launches keep their few hundred bytes of shared memory, and L1 the rest.
+  // time, then those rows' target_kind. Dynamic, so that the other launches keep their few hundred
+  // bytes of shared memory, and L1 the rest.
   extern __shared__ float4 seg_slab[];
-  int* const seg_targets = reinterpret_cast<int*>(seg_slab + kSegSlab);
+  int* const seg_kinds = reinterpret_cast<int*>(seg_slab + kSegSlab);
 
   const int group = p.group;
   const int lane = threadIdx.x & (group - 1);
@@ -578,6 +585,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   const int rounds = p.chunk_rounds;
   const bool leader = lane == 0;
   const bool lone = gridDim.x == 1;  // one CTA takes the chunks in order: no claims, no partials
+  const bool whole_rows = kTiled || p.splits == 1;  // else segments, with a partial per item
   const Target* targets = static_cast<const Target*>(p.targets);
   const auto* logits = static_cast<const typename E::Storage*>(p.logits);
   unsigned int* const claims = p.counter + 1;
@@ -651,7 +659,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
       }
 
       if (leader && item < p.items) {
-        if (p.splits > 1) {
+        if (!whole_rows) {
           p.seg_partials[item] = make_float4(st.m, st.s, x_target, 0.f);
         } else if (target == kIgnoreIndex) {
           ++ignored;
@@ -664,13 +672,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
     // The chunk's sum in a fixed order: each warp sums its leaders (every warp at once), then
     // thread 0 sums the warps. Only that last step waits for the barrier, so the chunk costs
     // the CTA one barrier and a few shared-memory reads.
-    if (p.splits == 1) {
+    if (whole_rows) {
       for (int offset = group; offset < 32; offset <<= 1) loss_sum += __shfl_xor_sync(0xffffffffu, loss_sum, offset);
       if ((threadIdx.x & 31) == 0) warp_sums[parity][threadIdx.x >> 5] = loss_sum;
     }
     if (threadIdx.x == 0) claimed[parity] = lone ? chunk + 2 : 2ll * gridDim.x + claim;
     __syncthreads();
-    if (p.splits == 1 && threadIdx.x == 0) {
+    if (whole_rows && threadIdx.x == 0) {
       float sum = 0.f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) sum += warp_sums[parity][w];
@@ -682,7 +690,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   }
 
   // A lone CTA over whole rows has the answer already: no partials, no counter (tiny problems).
-  if (lone && p.splits == 1) {
+  if (lone && whole_rows) {
     if (ignored) atomicAdd(&lone_ignored, ignored);  // an integer sum in shared memory: any order
     __syncthreads();
     if (threadIdx.x == 0) E::store(p.out, float(double(lone_sum) / double(p.rows - lone_ignored)));  // 0 rows: NaN
@@ -690,7 +698,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   }
   // Rows of ignore_index, counted by warp: an integer sum, the same in any order. (Counting the rows
   // beside each chunk's loss doubled the partials that the last CTA reads, at 0.7 us a round.)
-  if (p.splits == 1 && __any_sync(0xffffffffu, ignored)) {
+  if (whole_rows && __any_sync(0xffffffffu, ignored)) {
     const unsigned long long warp_ignored = warp_sum((unsigned long long)ignored);
     if ((threadIdx.x & 31) == 0) atomicAdd(p.ignored_rows, warp_ignored);
   }
@@ -704,10 +712,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   if (threadIdx.x == 0) *claims = 0;  // every CTA made its last claim before it arrived
   // Every CTA counted its ignored rows before it arrived. Loaded first, so that its round trip
   // overlaps the partials' loads.
-  const unsigned long long ignored_rows = threadIdx.x == 0 && p.splits == 1 ? __ldcg(p.ignored_rows) : 0ull;
+  const unsigned long long ignored_rows = threadIdx.x == 0 && whole_rows ? __ldcg(p.ignored_rows) : 0ull;
 
   Total total = {0.0, 0ull};
-  if (kTiled || p.splits == 1) {
+  if (whole_rows) {
     // The chunks' sums four at a time, kFinalLoads loads in flight per thread, each thread a fixed
     // share: this tail runs on one SM while the rest of the GPU idles, so its latency counts.
     constexpr int kFinalLoads = 8;
@@ -748,18 +756,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
 #pragma unroll
       for (int u = 0; u < kPerThread; ++u)
         if (threadIdx.x + u * kThreads < n) q[u] = __ldcg(src + threadIdx.x + u * kThreads);
-      if (int(threadIdx.x) < nrows) {
-        // Only whether the row counts: the target logit is in the partials, and the column can
-        // pass 2^31 here, so target_code's int would not hold it.
-        const long long target = targets[(r0 + threadIdx.x) * p.target_stride];
-        seg_targets[threadIdx.x] = target == kIgnoreIndex ? kTargetIgnored : target >= 0 && target < p.cols ? 0 : kTargetBad;
-      }
+      // The kind alone: the target logit is in the partials, and the column can pass 2^31 here.
+      if (int(threadIdx.x) < nrows) seg_kinds[threadIdx.x] = target_kind(targets[(r0 + threadIdx.x) * p.target_stride], p.cols);
 #pragma unroll
       for (int u = 0; u < kPerThread; ++u)
         if (threadIdx.x + u * kThreads < n) seg_slab[threadIdx.x + u * kThreads] = q[u];
       __syncthreads();
       // The same trip count in every thread, so that the butterflies never diverge.
-      for (int r = threadIdx.x / lanes; r - int(threadIdx.x / lanes) < nrows; r += row_groups) {
+      const int sweeps = (nrows + row_groups - 1) / row_groups;
+      for (int k = 0; k < sweeps; ++k) {
+        const int r = k * row_groups + int(threadIdx.x) / lanes;
         Lse st = {-INFINITY, 0.f};
         float x_target = 0.f;
         for (int s = row_lane; r < nrows && s < p.splits; s += lanes) {
@@ -769,9 +775,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
         }
         lse_reduce_lanes(st, lanes);
         for (int offset = lanes >> 1; offset > 0; offset >>= 1) x_target += __shfl_xor_sync(0xffffffffu, x_target, offset);
-        const int target = r < nrows ? seg_targets[r] : kTargetIgnored;
-        if (row_lane == 0 && target != kTargetIgnored) {
-          total.sum += target >= 0 ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
+        const int kind = r < nrows ? seg_kinds[r] : kTargetIgnored;
+        if (row_lane == 0 && kind != kTargetIgnored) {
+          total.sum += kind == kTargetCounted ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
           ++total.count;
         }
       }
@@ -780,7 +786,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   }
   total = cta_sum(total, final_scratch);
   if (threadIdx.x == 0) {
-    if (kTiled || p.splits == 1) {
+    if (whole_rows) {
       total.count = p.rows - ignored_rows;
       *p.ignored_rows = 0;
     }
