@@ -387,7 +387,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   // The last, partial batch: missing vectors read as -inf, which adds nothing.
   if (v0 < nvec) {
     const uint4 neg_inf = make_uint4(E::kNegInfWord, E::kNegInfWord, E::kNegInfWord, E::kNegInfWord);
-    const int nvalid = (nvec - v0 + group - 1) / group;  // this lane's vectors in the batch
+    const int nvalid = (nvec - v0 + group - 1) >> (__ffs(group) - 1);  // this lane's vectors in the batch
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) buf[u] = u < nvalid ? load_vec<kEvictFirst>(body + v0 + u * group) : neg_inf;
     if (unsigned(t_u) < unsigned(kBatch)) x_t = batch_element<E>(buf, t_u, t_elem);
@@ -580,8 +580,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
 
   const int group = p.group;
   const int lane = threadIdx.x & (group - 1);
-  const int group_id = threadIdx.x / group;
-  const int groups = kThreads / group;
+  // group is a power of two: shifts, where a division took some 20 instructions ahead of the first load.
+  const int group_id = threadIdx.x >> (__ffs(group) - 1);
+  const int groups = kThreads >> (__ffs(group) - 1);
   const int rounds = p.chunk_rounds;
   const bool leader = lane == 0;
   const bool lone = gridDim.x == 1;  // one CTA takes the chunks in order: no claims, no partials
@@ -650,12 +651,17 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
         const int warp = threadIdx.x >> 5, warps_per_group = group >> 5;
         if ((threadIdx.x & 31) == 0) warp_state[item_parity][warp] = make_float4(st.m, st.s, x_target, 0.f);
         group_barrier(1 + group_id, group);
-        if (leader)
-          for (int w = 1; w < warps_per_group; ++w) {
-            const float4 o = warp_state[item_parity][warp + w];
-            st = lse_merge(st, {o.x, o.y});
-            x_target += o.z;  // one term is the target logit, the rest +0
-          }
+        // The group's first warp merges the warps' states, lane w taking warp w's: a butterfly of
+        // log2(warps) levels, where the leader merging them one after another waited on each exp.
+        if (threadIdx.x - group_id * group < 32) {
+          const int w = threadIdx.x & 31;
+          const float4 o = w < warps_per_group ? warp_state[item_parity][warp + w] : make_float4(-INFINITY, 0.f, 0.f, 0.f);
+          st = {o.x, o.y};
+          lse_reduce_lanes(st, warps_per_group);
+          x_target = o.z;  // one warp's is the target logit, the rest +0
+          for (int offset = warps_per_group >> 1; offset > 0; offset >>= 1)
+            x_target += __shfl_xor_sync(0xffffffffu, x_target, offset);
+        }
       }
 
       if (leader && item < p.items) {
@@ -693,7 +699,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   if (lone && whole_rows) {
     if (ignored) atomicAdd(&lone_ignored, ignored);  // an integer sum in shared memory: any order
     __syncthreads();
-    if (threadIdx.x == 0) E::store(p.out, float(double(lone_sum) / double(p.rows - lone_ignored)));  // 0 rows: NaN
+    // A lone CTA has at most a tile's rows, so the count is exact in a float, and one float division
+    // rounds as the double one would (0 rows: NaN).
+    if (threadIdx.x == 0) E::store(p.out, lone_sum / float(p.rows - lone_ignored));
     return;
   }
   // Rows of ignore_index, counted by warp: an integer sum, the same in any order. (Counting the rows
