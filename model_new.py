@@ -653,7 +653,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
         group_barrier(1 + group_id, group);
         // The group's first warp merges the warps' states, lane w taking warp w's: a butterfly of
         // log2(warps) levels, where the leader merging them one after another waited on each exp.
-        if (threadIdx.x - group_id * group < 32) {
+        if (lane < 32) {
           const int w = threadIdx.x & 31;
           const float4 o = w < warps_per_group ? warp_state[item_parity][warp + w] : make_float4(-INFINITY, 0.f, 0.f, 0.f);
           st = {o.x, o.y};

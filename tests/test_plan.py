@@ -67,8 +67,8 @@ def test_chunks_cover_the_items_and_fill_the_grid(rows, cols, elem_bytes, evict_
 
 
 def test_few_rows_get_more_threads_while_each_cta_has_an_sm():
-    for evict_first in (False, True):  # one row: as many threads as hold one batch each, not a warp
-        assert _plan(1, 4096, 4096, 2, 132, evict_first).group * model_new._BATCH * 8 == 4096
+    for evict_first in (False, True):  # one row: as many threads as hold one batch of it each
+        assert _plan(1, 4096, 4096, 2, 132, evict_first).group * model_new._BATCH * 16 == 4096 * 2
     p = _plan(64, 5000, 5000, 4, 132, False)
     assert p.group == 256 and p.grid == 64
     for rows in (300, 1000, 2000, 32768):  # bigger groups would put more CTAs than SMs
