@@ -246,22 +246,27 @@ __device__ __forceinline__ float row_loss(Lse st, float x_target) {
 }
 
 // ------------------------------------------------------------------ reductions
-// Butterfly over `width` lanes (a power of two <= 32): every lane ends with the merged state. The
-// max goes first, then each lane rescales its sum to it once and the sums go: one exp per lane,
-// where merging (m, s) pairs round by round costs two exps a round. Max and sum are both
-// commutative bit for bit, so all lanes agree and the result never depends on timing.
-__device__ __forceinline__ void lse_reduce_lanes(Lse& st, int width) {
-  float m = st.m;
-  for (int offset = width >> 1; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  float s = st.s * exp2_approx((st.m - safe_base(m)) * kLog2e);  // +inf max: inf - inf = NaN, as in PyTorch
-  for (int offset = width >> 1; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
-  st = {m, s};
-}
-
-template <class T>
-__device__ __forceinline__ T warp_sum(T v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+// Butterflies over `width` lanes (a power of two <= 32): every lane ends with the result. Max and
+// sum are both commutative bit for bit, so all lanes agree and the result never depends on timing.
+__device__ __forceinline__ float lanes_max(float v, int width) {
+  for (int offset = width >> 1; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
+}
+template <class T>
+__device__ __forceinline__ T lanes_sum(T v, int width) {
+  for (int offset = width >> 1; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) { return lanes_sum(v, 32); }
+
+// The merged (m, s) of `width` lanes, in every lane. The max goes first, then each lane rescales its
+// sum to it once and the sums go: one exp per lane, where merging (m, s) pairs round by round costs
+// two exps a round.
+__device__ __forceinline__ void lse_reduce_lanes(Lse& st, int width) {
+  const float m = lanes_max(st.m, width);
+  const float s = st.s * exp2_approx((st.m - safe_base(m)) * kLog2e);  // +inf max: inf - inf = NaN, as in PyTorch
+  st = {m, lanes_sum(s, width)};
 }
 
 // A loss sum and a row count. Summed together, so the final reduction costs one round of the CTA.
@@ -372,11 +377,12 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   }
 
   const uint4* body = reinterpret_cast<const uint4*>(seg + head);
+  const int group_shift = __ffs(group) - 1;  // group is a power of two
   uint4 buf[kBatch];
   int v0 = lane;
   // The target's vector, counted in this lane's vectors from the current batch on; negative (and
   // so, unsigned, out of range) in every other lane.
-  int t_u = t_body && lane == t_lane ? t_vec >> (__ffs(group) - 1) : -1;
+  int t_u = t_body && lane == t_lane ? t_vec >> group_shift : -1;
   // Full batches: no bounds checks, so no predicate per load.
   for (; v0 + (kBatch - 1) * group < nvec; v0 += kBatch * group, t_u -= kBatch) {
 #pragma unroll
@@ -387,7 +393,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   // The last, partial batch: missing vectors read as -inf, which adds nothing.
   if (v0 < nvec) {
     const uint4 neg_inf = make_uint4(E::kNegInfWord, E::kNegInfWord, E::kNegInfWord, E::kNegInfWord);
-    const int nvalid = (nvec - v0 + group - 1) >> (__ffs(group) - 1);  // this lane's vectors in the batch
+    const int nvalid = (nvec - v0 + group - 1) >> group_shift;  // this lane's vectors in the batch
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) buf[u] = u < nvalid ? load_vec<kEvictFirst>(body + v0 + u * group) : neg_inf;
     if (unsigned(t_u) < unsigned(kBatch)) x_t = batch_element<E>(buf, t_u, t_elem);
@@ -514,7 +520,7 @@ __device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int 
   }
   float m = E::word_max(mx);
   for (int k = lane; k < nedge; k += group) m = fmaxf(m, edge(k));
-  for (int offset = group >> 1; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  m = lanes_max(m, group);
 
   const float base = safe_base(m);
   float s = sum_exp(base, [&](auto exponent) {
@@ -530,8 +536,7 @@ __device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int 
     for (int k = lane; k < nedge; k += group) s0 += exp2_approx(exponent(edge(k)));
     return s0 + s1;
   });
-  for (int offset = group >> 1; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
-  return {m, s};
+  return {m, lanes_sum(s, group)};
 }
 
 // The rows of a tile in shared memory, a row per group at a time; leaders add their rows' losses
@@ -581,8 +586,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   const int group = p.group;
   const int lane = threadIdx.x & (group - 1);
   // group is a power of two: shifts, where a division took some 20 instructions ahead of the first load.
-  const int group_id = threadIdx.x >> (__ffs(group) - 1);
-  const int groups = kThreads >> (__ffs(group) - 1);
+  const int group_shift = __ffs(group) - 1;
+  const int group_id = threadIdx.x >> group_shift;
+  const int groups = kThreads >> group_shift;
   const int rounds = p.chunk_rounds;
   const bool leader = lane == 0;
   const bool lone = gridDim.x == 1;  // one CTA takes the chunks in order: no claims, no partials
@@ -658,9 +664,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
           const float4 o = w < warps_per_group ? warp_state[item_parity][warp + w] : make_float4(-INFINITY, 0.f, 0.f, 0.f);
           st = {o.x, o.y};
           lse_reduce_lanes(st, warps_per_group);
-          x_target = o.z;  // one warp's is the target logit, the rest +0
-          for (int offset = warps_per_group >> 1; offset > 0; offset >>= 1)
-            x_target += __shfl_xor_sync(0xffffffffu, x_target, offset);
+          x_target = lanes_sum(o.z, warps_per_group);  // one warp's is the target logit, the rest +0
         }
       }
 
@@ -782,7 +786,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
           x_target += part.z;  // one segment holds the target logit, the rest +0
         }
         lse_reduce_lanes(st, lanes);
-        for (int offset = lanes >> 1; offset > 0; offset >>= 1) x_target += __shfl_xor_sync(0xffffffffu, x_target, offset);
+        x_target = lanes_sum(x_target, lanes);
         const int kind = r < nrows ? seg_kinds[r] : kTargetIgnored;
         if (row_lane == 0 && kind != kTargetIgnored) {
           total.sum += kind == kTargetCounted ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
