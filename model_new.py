@@ -44,7 +44,10 @@ _CUDA_SRC = r"""
 //           take one item each per round); chunks interleave, so a round of neighbouring chunks
 //           covers neighbouring items. Short rows (a few KB at most) come in tiles instead: a
 //           chunk is `tile_rows` whole rows, loaded by the whole CTA as one stretch of memory
-//           and reduced from shared memory (see "short rows" below).
+//           and reduced from shared memory (see "short rows" below). Where one or two rows fill a
+//           CTA's batch of loads exactly (16 KB: 4096 float32 or 8192 16-bit columns a row, or half
+//           that), a chunk is such a batch, streamed by its own kernel with the next batch always in
+//           flight (see "rows that tile a CTA batch" below).
 // CTA b takes chunks b and gridDim.x + b, then claims the next unclaimed chunk from a counter
 // while any are left. Claiming balances the end: with a fixed share each, CTAs on the same
 // tensor finished up to 30 us apart (SMs stream at different rates), and the last ones ran with
@@ -89,6 +92,8 @@ struct Params {
   long long chunks;            // the CTAs' work units: chunk_rounds items per group of a CTA, or a tile
   int splits, seg_len, group, chunk_rounds;
   int tile_rows;               // rows per tile where short rows are staged in shared memory; else 0
+  int batch_rows;              // rows per chunk where they fill a CTA batch exactly (1 or 2); else 0
+  int target_bytes;            // 8 (int64) or 4 (int32)
 };
 
 // ------------------------------------------------------------------ element formats
@@ -563,6 +568,126 @@ __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t,
   }
 }
 
+// ------------------------------------------------------------------ the end of a launch
+// Rows of ignore_index, counted by warp (an integer sum, the same in any order), then this CTA's
+// arrival. Returns whether it is the last CTA to arrive; every CTA has made its last claim by then,
+// and the caller resets the claims' counter in that case (made here, the reset cost the tiled kernel
+// a spill on sm_80). Every thread must call it. (Counting the rows beside each chunk's loss doubled
+// the partials that the last CTA reads, at 0.7 us a round.)
+__device__ __forceinline__ bool arrive_last(const Params& p, unsigned int ignored, bool whole_rows) {
+  __shared__ bool is_last_cta;
+  if (whole_rows && __any_sync(0xffffffffu, ignored)) {
+    const unsigned long long warp_ignored = warp_sum((unsigned long long)ignored);
+    if ((threadIdx.x & 31) == 0) atomicAdd(p.ignored_rows, warp_ignored);
+  }
+  // The barrier orders every thread's partials before thread 0's arrival, whose release publishes
+  // them device-wide; in the last CTA its acquire, then the barrier, orders the other CTAs'
+  // partials before every thread's reads. One atomic in place of a fence on each side.
+  __syncthreads();
+  if (threadIdx.x == 0) is_last_cta = arrive_acq_rel(p.counter, gridDim.x - 1) == gridDim.x - 1;
+  __syncthreads();
+  return is_last_cta;
+}
+
+// The last CTA's share of whole rows: the chunks' loss sums, and in thread 0 the rows counted.
+__device__ __forceinline__ Total whole_rows_total(const Params& p) {
+  // Every CTA counted its ignored rows before it arrived. Loaded first, so that its round trip
+  // overlaps the partials' loads.
+  const unsigned long long ignored_rows = threadIdx.x == 0 ? __ldcg(p.ignored_rows) : 0ull;
+  Total total = {0.0, 0ull};
+  // The chunks' sums four at a time, kFinalLoads loads in flight per thread, each thread a fixed
+  // share: this tail runs on one SM while the rest of the GPU idles, so its latency counts.
+  constexpr int kFinalLoads = 8;
+  const float4* quads = reinterpret_cast<const float4*>(p.chunk_partials);
+  const long long nquads = (p.chunks + 3) / 4;
+  for (long long i0 = threadIdx.x; i0 < nquads; i0 += kFinalLoads * kThreads) {
+    float4 q[kFinalLoads];
+#pragma unroll
+    for (int u = 0; u < kFinalLoads; ++u) {
+      const long long i = i0 + u * kThreads;
+      q[u] = i < nquads ? __ldcg(quads + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kFinalLoads; ++u) {
+      const long long first = 4 * (i0 + u * kThreads);  // the last quad may hold fewer chunks
+      total.sum += q[u].x;
+      if (first + 1 < p.chunks) total.sum += q[u].y;
+      if (first + 2 < p.chunks) total.sum += q[u].z;
+      if (first + 3 < p.chunks) total.sum += q[u].w;
+    }
+  }
+  if (threadIdx.x == 0) total.count = p.rows - ignored_rows;
+  return total;
+}
+
+// The last CTA's share of split rows: each row's segments merged, its loss, and the rows counted.
+template <class E, class Target>
+__device__ Total segments_total(const Params& p) {
+  // Launched with it only where rows are split: the last CTA's segment partials, a slab of rows at a
+  // time, then those rows' target_kind. Dynamic, so that the other launches keep their few hundred
+  // bytes of shared memory, and L1 the rest.
+  extern __shared__ float4 seg_slab[];
+  int* const seg_kinds = reinterpret_cast<int*>(seg_slab + kSegSlab);
+  const Target* targets = static_cast<const Target*>(p.targets);
+  Total total = {0.0, 0ull};
+  // Segments: a slab of rows' (m, s, x_t) triples and their targets come into shared memory in one
+  // round of loads, then `lanes` threads merge each row: lane l takes segments l, l + lanes, ... in
+  // order (at most 4 where 32 lanes allow), and a butterfly merges the lanes. One thread per row,
+  // merging straight from global memory, waited a round trip per segment, then merged them one by
+  // one: 1 x 4096000 fp32 took 46 us. A warp per row wasted lanes on rows of a few segments.
+  constexpr int kPerThread = kSegSlab / kThreads;
+  const int slab_rows = kSegSlab / p.splits;  // at most kThreads: the host keeps 2 <= splits <= kSegSlab
+  int lanes = 1;
+  while (lanes < 32 && 4 * lanes < p.splits) lanes <<= 1;
+  const int row_lane = threadIdx.x & (lanes - 1), row_groups = kThreads / lanes;
+  for (long long r0 = 0; r0 < p.rows; r0 += slab_rows) {
+    const int nrows = int(min((long long)slab_rows, p.rows - r0));
+    const int n = nrows * p.splits;
+    const float4* src = p.seg_partials + r0 * p.splits;
+    float4 q[kPerThread];
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u)
+      if (threadIdx.x + u * kThreads < n) q[u] = __ldcg(src + threadIdx.x + u * kThreads);
+    // The kind alone: the target logit is in the partials, and the column can pass 2^31 here.
+    if (int(threadIdx.x) < nrows) seg_kinds[threadIdx.x] = target_kind(targets[(r0 + threadIdx.x) * p.target_stride], p.cols);
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u)
+      if (threadIdx.x + u * kThreads < n) seg_slab[threadIdx.x + u * kThreads] = q[u];
+    __syncthreads();
+    // The same trip count in every thread, so that the butterflies never diverge.
+    const int sweeps = (nrows + row_groups - 1) / row_groups;
+    for (int k = 0; k < sweeps; ++k) {
+      const int r = k * row_groups + int(threadIdx.x) / lanes;
+      Lse st = {-INFINITY, 0.f};
+      float x_target = 0.f;
+      for (int s = row_lane; r < nrows && s < p.splits; s += lanes) {
+        const float4 part = seg_slab[r * p.splits + s];
+        st = lse_merge(st, {part.x, part.y});
+        x_target += part.z;  // one segment holds the target logit, the rest +0
+      }
+      lse_reduce_lanes(st, lanes);
+      x_target = lanes_sum(x_target, lanes);
+      const int kind = r < nrows ? seg_kinds[r] : kTargetIgnored;
+      if (row_lane == 0 && kind != kTargetIgnored) {
+        total.sum += kind == kTargetCounted ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
+        ++total.count;
+      }
+    }
+    __syncthreads();  // every row is merged before the next slab overwrites this one
+  }
+  return total;
+}
+
+// The mean from the CTA's total, in thread 0, which also leaves the ignored rows' count at zero for
+// the next launch.
+template <class E>
+__device__ __forceinline__ void store_mean(const Params& p, Total total) {
+  if (threadIdx.x == 0) {
+    *p.ignored_rows = 0;
+    E::store(p.out, float(total.sum / double(total.count)));  // 0 rows: 0/0 = NaN
+  }
+}
+
 // ------------------------------------------------------------------ the kernel
 // kTiled: a chunk is a tile of whole short rows, staged through shared memory; otherwise rows
 // (or segments) stream through registers, a group per item. kEvictFirst: the loads of the logits
@@ -573,15 +698,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   __shared__ float warp_sums[2][kWarps];       // loss sum per warp, by chunk parity
   __shared__ long long claimed[2];             // the chunk after next, by chunk parity
   __shared__ Total final_scratch[kWarps];
-  __shared__ bool is_last_cta;
   __shared__ unsigned int lone_ignored;        // a lone CTA's rows of ignore_index
   __shared__ uint4 tile_vecs[kTiled ? kTileVecs + 2 : 1];  // a tile's vectors, a spare slot at each end
   __shared__ int tile_targets[kTiled ? kTileRows : 1];
-  // Launched with it only where rows are split: the last CTA's segment partials, a slab of rows at a
-  // time, then those rows' target_kind. Dynamic, so that the other launches keep their few hundred
-  // bytes of shared memory, and L1 the rest.
-  extern __shared__ float4 seg_slab[];
-  int* const seg_kinds = reinterpret_cast<int*>(seg_slab + kSegSlab);
 
   const int group = p.group;
   const int lane = threadIdx.x & (group - 1);
@@ -708,108 +827,172 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
     if (threadIdx.x == 0) E::store(p.out, lone_sum / float(p.rows - lone_ignored));
     return;
   }
-  // Rows of ignore_index, counted by warp: an integer sum, the same in any order. (Counting the rows
-  // beside each chunk's loss doubled the partials that the last CTA reads, at 0.7 us a round.)
-  if (whole_rows && __any_sync(0xffffffffu, ignored)) {
-    const unsigned long long warp_ignored = warp_sum((unsigned long long)ignored);
-    if ((threadIdx.x & 31) == 0) atomicAdd(p.ignored_rows, warp_ignored);
-  }
-  // The barrier orders every thread's partials before thread 0's arrival, whose release publishes
-  // them device-wide; in the last CTA its acquire, then the barrier, orders the other CTAs'
-  // partials before every thread's reads. One atomic in place of a fence on each side.
-  __syncthreads();
-  if (threadIdx.x == 0) is_last_cta = arrive_acq_rel(p.counter, gridDim.x - 1) == gridDim.x - 1;
-  __syncthreads();
-  if (!is_last_cta) return;
-  if (threadIdx.x == 0) *claims = 0;  // every CTA made its last claim before it arrived
-  // Every CTA counted its ignored rows before it arrived. Loaded first, so that its round trip
-  // overlaps the partials' loads.
-  const unsigned long long ignored_rows = threadIdx.x == 0 && whole_rows ? __ldcg(p.ignored_rows) : 0ull;
+  if (!arrive_last(p, ignored, whole_rows)) return;
+  if (threadIdx.x == 0) *claims = 0;
+  store_mean<E>(p, cta_sum(whole_rows ? whole_rows_total(p) : segments_total<E, Target>(p), final_scratch));
+}
 
-  Total total = {0.0, 0ull};
-  if (whole_rows) {
-    // The chunks' sums four at a time, kFinalLoads loads in flight per thread, each thread a fixed
-    // share: this tail runs on one SM while the rest of the GPU idles, so its latency counts.
-    constexpr int kFinalLoads = 8;
-    const float4* quads = reinterpret_cast<const float4*>(p.chunk_partials);
-    const long long nquads = (p.chunks + 3) / 4;
-    for (long long i0 = threadIdx.x; i0 < nquads; i0 += kFinalLoads * kThreads) {
-      float4 q[kFinalLoads];
+// ------------------------------------------------------------------ rows that tile a CTA batch
+// Where kBatchRows whole rows fill one batch of the CTA exactly (kThreads x kRowBatchLoads 16-byte
+// vectors, 16 KB), a chunk is one such batch, and each row has kThreads / kBatchRows threads (whole
+// warps) that hold kRowBatchLoads of its vectors each. The next chunk's loads go out before this
+// one's rows are reduced, into a second set of registers, so every CTA keeps a batch in flight
+// through its reductions; the two sets trade roles from one step to the next, never through a copy
+// (a register copy of a load in flight waits for it). Each warp reduces its share of its row with
+// butterflies and leaves (m, s) in shared memory, and the thread that holds the target logit leaves
+// it beside them. After the chunk's one barrier a single warp, a different one each chunk, merges
+// the rows and stores the chunk's loss sum, while the others stream on.
+constexpr int kRowBatchLoads = 4;  // so a batch is kThreads * 4 vectors: the host's _ROW_BATCH_VECS
+constexpr int kTargetPast = -3;    // a row of the last chunk past the last row
+
+template <class E, int kBatchRows, bool kEvictFirst>
+struct RowBatch {
+  static constexpr int kRows = kBatchRows;
+  static constexpr int kRowThreads = kThreads / kBatchRows;  // a row's threads
+  static_assert(kRowThreads % 32 == 0, "whole warps per row");
+  // The row's vectors (threadIdx.x % kRowThreads) + j * kRowThreads, of row threadIdx.x / kRowThreads.
+  uint4 vec[kRowBatchLoads];
+  // The row's target as two 32-bit words, for int64 and int32 targets alike: the kernel needs no
+  // instance per target type (a cold build's time), and no select between two loads in flight,
+  // which would wait for them on the spot. For int32 both words are the target.
+  uint32_t target_lo, target_hi;
+
+  __device__ __forceinline__ void issue(const Params& p, long long chunk) {
+    const long long row = chunk * kBatchRows + threadIdx.x / kRowThreads;
+    if (row < p.rows) {  // false only in the last chunk, for whole warps
+      const uint4* v = reinterpret_cast<const uint4*>(static_cast<const typename E::Storage*>(p.logits) + row * p.row_stride) +
+                       threadIdx.x % kRowThreads;
 #pragma unroll
-      for (int u = 0; u < kFinalLoads; ++u) {
-        const long long i = i0 + u * kThreads;
-        q[u] = i < nquads ? __ldcg(quads + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int u = 0; u < kFinalLoads; ++u) {
-        const long long first = 4 * (i0 + u * kThreads);  // the last quad may hold fewer chunks
-        total.sum += q[u].x;
-        if (first + 1 < p.chunks) total.sum += q[u].y;
-        if (first + 2 < p.chunks) total.sum += q[u].z;
-        if (first + 3 < p.chunks) total.sum += q[u].w;
-      }
-    }
-  } else {
-    // Segments: a slab of rows' (m, s, x_t) triples and their targets come into shared memory in one
-    // round of loads, then `lanes` threads merge each row: lane l takes segments l, l + lanes, ... in
-    // order (at most 4 where 32 lanes allow), and a butterfly merges the lanes. One thread per row,
-    // merging straight from global memory, waited a round trip per segment, then merged them one by
-    // one: 1 x 4096000 fp32 took 46 us. A warp per row wasted lanes on rows of a few segments.
-    constexpr int kPerThread = kSegSlab / kThreads;
-    const int slab_rows = kSegSlab / p.splits;  // at most kThreads: the host keeps 2 <= splits <= kSegSlab
-    int lanes = 1;
-    while (lanes < 32 && 4 * lanes < p.splits) lanes <<= 1;
-    const int row_lane = threadIdx.x & (lanes - 1), row_groups = kThreads / lanes;
-    for (long long r0 = 0; r0 < p.rows; r0 += slab_rows) {
-      const int nrows = int(min((long long)slab_rows, p.rows - r0));
-      const int n = nrows * p.splits;
-      const float4* src = p.seg_partials + r0 * p.splits;
-      float4 q[kPerThread];
-#pragma unroll
-      for (int u = 0; u < kPerThread; ++u)
-        if (threadIdx.x + u * kThreads < n) q[u] = __ldcg(src + threadIdx.x + u * kThreads);
-      // The kind alone: the target logit is in the partials, and the column can pass 2^31 here.
-      if (int(threadIdx.x) < nrows) seg_kinds[threadIdx.x] = target_kind(targets[(r0 + threadIdx.x) * p.target_stride], p.cols);
-#pragma unroll
-      for (int u = 0; u < kPerThread; ++u)
-        if (threadIdx.x + u * kThreads < n) seg_slab[threadIdx.x + u * kThreads] = q[u];
-      __syncthreads();
-      // The same trip count in every thread, so that the butterflies never diverge.
-      const int sweeps = (nrows + row_groups - 1) / row_groups;
-      for (int k = 0; k < sweeps; ++k) {
-        const int r = k * row_groups + int(threadIdx.x) / lanes;
-        Lse st = {-INFINITY, 0.f};
-        float x_target = 0.f;
-        for (int s = row_lane; r < nrows && s < p.splits; s += lanes) {
-          const float4 part = seg_slab[r * p.splits + s];
-          st = lse_merge(st, {part.x, part.y});
-          x_target += part.z;  // one segment holds the target logit, the rest +0
-        }
-        lse_reduce_lanes(st, lanes);
-        x_target = lanes_sum(x_target, lanes);
-        const int kind = r < nrows ? seg_kinds[r] : kTargetIgnored;
-        if (row_lane == 0 && kind != kTargetIgnored) {
-          total.sum += kind == kTargetCounted ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
-          ++total.count;
-        }
-      }
-      __syncthreads();  // every row is merged before the next slab overwrites this one
+      for (int j = 0; j < kRowBatchLoads; ++j) vec[j] = load_vec<kEvictFirst>(v + j * kRowThreads);
+      const int words = p.target_bytes / 4;
+      const uint32_t* t = static_cast<const uint32_t*>(p.targets) + row * p.target_stride * words;
+      target_lo = t[0];
+      target_hi = t[words - 1];
     }
   }
-  total = cta_sum(total, final_scratch);
-  if (threadIdx.x == 0) {
-    if (whole_rows) {
-      total.count = p.rows - ignored_rows;
-      *p.ignored_rows = 0;
+
+  // This warp's (m, s) of its row into state[warp]; the row's target code into codes[row], and
+  // the target logit into x_t[row] where the row counts. Rows past the last (in the last chunk) are
+  // reduced too, from stale registers, and never counted.
+  __device__ __forceinline__ void reduce(const Params& p, long long chunk, float2* state, float* x_t, int* codes) const {
+    uint4 mx = vec[0];
+#pragma unroll
+    for (int j = 1; j < kRowBatchLoads; ++j) {
+      mx.x = E::max2(mx.x, vec[j].x);
+      mx.y = E::max2(mx.y, vec[j].y);
+      mx.z = E::max2(mx.z, vec[j].z);
+      mx.w = E::max2(mx.w, vec[j].w);
     }
-    E::store(p.out, float(total.sum / double(total.count)));  // 0 rows: 0/0 = NaN
+    const float m = lanes_max(E::word_max(E::max2(E::max2(mx.x, mx.y), E::max2(mx.z, mx.w))), 32);
+    // The exponent as (x - base) * log2(e): sum_exp's folded form needs a branch.
+    const float base = safe_base(m);
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < kRowBatchLoads; ++j)
+#pragma unroll
+      for (int i = 0; i < E::kPerVec; i += 2) {
+        s0 += exp2_approx((E::at(vec[j], i) - base) * kLog2e);
+        s1 += exp2_approx((E::at(vec[j], i + 1) - base) * kLog2e);
+      }
+    const float s = warp_sum(s0 + s1);
+    if ((threadIdx.x & 31) == 0) state[threadIdx.x >> 5] = make_float2(m, s);
+
+    // Column t is element t % kPerVec of the row's vector t / kPerVec. Only the thread that would
+    // hold it by the target's low word, and the row's first thread, which stores the row's code,
+    // classify the target in full: every thread doing so cost a quarter of the loop's instructions.
+    const int r = threadIdx.x / kRowThreads, i = threadIdx.x % kRowThreads;
+    const uint32_t v = target_lo / E::kPerVec;
+    if (v % kRowThreads != uint32_t(i) && i != 0) return;
+    const long long target = p.target_bytes == 8 ? (long long)(uint64_t(target_hi) << 32 | target_lo) : (long long)int(target_lo);
+    const int code = chunk * kBatchRows + r < p.rows ? target_code(target, p.cols) : kTargetPast;
+    if (i == 0) codes[r] = code;
+    if (code >= 0 && v % kRowThreads == uint32_t(i)) {
+      // Masks, not `if (slot == j) q = vec[j]`: from that, the compiler derived vec[slot], an
+      // indexed load that put both batches in local memory.
+      uint4 q = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int j = 0; j < kRowBatchLoads; ++j) {
+        const uint32_t keep = 0u - uint32_t(v / kRowThreads == uint32_t(j));
+        q = make_uint4(q.x | (vec[j].x & keep), q.y | (vec[j].y & keep), q.z | (vec[j].z & keep), q.w | (vec[j].w & keep));
+      }
+      x_t[r] = E::at(q, code % E::kPerVec);
+    }
   }
+};
+
+// One warp after the chunk's barrier: lane w takes warp w's (m, s), a butterfly merges each row's
+// warps, and the rows' losses are summed in row order.
+template <int kBatchRows>
+__device__ __forceinline__ void merge_batch_rows(const Params& p, long long chunk, const float2* state, const float* x_t,
+                                                 const int* codes, unsigned int& ignored) {
+  constexpr int kRowWarps = kWarps / kBatchRows;
+  const int lane = threadIdx.x & 31, r = lane / kRowWarps;
+  const float2 part = lane < kWarps ? state[lane] : make_float2(-INFINITY, 0.f);
+  Lse st = {part.x, part.y};
+  lse_reduce_lanes(st, kRowWarps);
+  float loss = 0.f;
+  if (lane % kRowWarps == 0 && r < kBatchRows) {
+    const int code = codes[r];
+    if (code == kTargetIgnored) ++ignored;
+    else if (code != kTargetPast) loss = code >= 0 ? row_loss(st, x_t[r]) : __int_as_float(0x7fc00000);
+  }
+  for (int offset = kRowWarps; offset < kWarps; offset <<= 1) loss += __shfl_xor_sync(0xffffffffu, loss, offset);
+  if (lane == 0) p.chunk_partials[chunk] = loss;
+}
+
+// Where a CTA stands in the stream of chunks.
+struct ChunkCursor {
+  long long chunk, next_chunk;  // the chunk this step reduces, and the one whose loads it issues
+  int merger;                   // the warp that merges this chunk's rows
+  unsigned int ignored;         // the merging lanes' rows of ignore_index
+};
+
+// One chunk: claim the chunk after next, issue the next one's loads, reduce this one's rows, and
+// after the barrier merge them in one warp. A function, not a lambda, so that it is inlined at both
+// of its calls and the batches stay in registers (as a lambda it kept them on the stack).
+template <class Batch>
+__device__ __forceinline__ void row_batch_step(const Params& p, const Batch& cur, Batch& next, int parity,
+                                               ChunkCursor& at) {
+  constexpr int kRows = Batch::kRows;
+  __shared__ float2 state[2][kWarps];         // by chunk parity, as the rest
+  __shared__ float target_logit[2][kRows];
+  __shared__ int target_codes[2][kRows];
+  __shared__ long long claimed[2];            // the chunk after next
+  unsigned int claim = 0;
+  if (threadIdx.x == 0) claim = atomicAdd(p.counter + 1, 1u);
+  if (at.next_chunk < p.chunks) next.issue(p, at.next_chunk);
+  cur.reduce(p, at.chunk, state[parity], target_logit[parity], target_codes[parity]);
+  if (threadIdx.x == 0) claimed[parity] = 2ll * gridDim.x + claim;
+  __syncthreads();
+  if (int(threadIdx.x >> 5) == at.merger)
+    merge_batch_rows<kRows>(p, at.chunk, state[parity], target_logit[parity], target_codes[parity], at.ignored);
+  at.merger = (at.merger + 1) % kWarps;
+  at.chunk = at.next_chunk;
+  at.next_chunk = claimed[parity];
+}
+
+template <class E, int kBatchRows, bool kEvictFirst>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_row_batch_kernel(const Params p) {
+  __shared__ Total final_scratch[kWarps];
+  ChunkCursor at = {blockIdx.x, (long long)gridDim.x + blockIdx.x, 0, 0u};
+  RowBatch<E, kBatchRows, kEvictFirst> a = {}, b = {};  // zeros: the last chunk's missing rows read them
+  if (at.chunk < p.chunks) a.issue(p, at.chunk);
+  while (at.chunk < p.chunks) {  // the same in every thread
+    row_batch_step(p, a, b, 0, at);
+    if (at.chunk >= p.chunks) break;
+    row_batch_step(p, b, a, 1, at);
+  }
+  if (!arrive_last(p, at.ignored, true)) return;
+  if (threadIdx.x == 0) p.counter[1] = 0;
+  store_mean<E>(p, cta_sum(whole_rows_total(p), final_scratch));
 }
 
 template <class E, class Target, bool kEvictFirst>
 void launch_typed(const Params& p, int grid, cudaStream_t stream) {
   const size_t seg_smem = p.splits > 1 ? kSegSlab * sizeof(float4) + kThreads * sizeof(int) : 0;
-  if (p.tile_rows > 0) cross_entropy_mean_kernel<E, Target, true, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  if (p.batch_rows == 1) cross_entropy_mean_row_batch_kernel<E, 1, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.batch_rows == 2) cross_entropy_mean_row_batch_kernel<E, 2, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.tile_rows > 0) cross_entropy_mean_kernel<E, Target, true, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   else cross_entropy_mean_kernel<E, Target, false, kEvictFirst><<<grid, kThreads, seg_smem, stream>>>(p);
 }
 
@@ -832,7 +1015,7 @@ void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t ou
                                uintptr_t chunk_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
                                int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks,
-                               int64_t tile_rows, bool evict_first, int64_t grid, int64_t device, uintptr_t stream) {
+                               int64_t tile_rows, int64_t batch_rows, bool evict_first, int64_t grid, int64_t device, uintptr_t stream) {
   Params p;
   p.logits = reinterpret_cast<const void*>(logits);
   p.targets = reinterpret_cast<const void*>(targets);
@@ -852,6 +1035,8 @@ void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t ou
   p.seg_len = int(seg_len);
   p.group = int(group);
   p.tile_rows = int(tile_rows);
+  p.batch_rows = int(batch_rows);
+  p.target_bytes = int(target_bytes);
 
   int previous = 0;
   cudaGetDevice(&previous);
@@ -875,7 +1060,7 @@ void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t ou
                                uintptr_t chunk_partials, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
                                int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks,
-                               int64_t tile_rows, bool evict_first, int64_t grid, int64_t device, uintptr_t stream);
+                               int64_t tile_rows, int64_t batch_rows, bool evict_first, int64_t grid, int64_t device, uintptr_t stream);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("launch", &launch_cross_entropy_mean, "Launch the fused cross-entropy-mean kernel (raw pointers).");
@@ -898,6 +1083,8 @@ _TILE_MIN_ROWS = 8      # rows shorter than an eighth of a tile are staged throu
 _EVICT_FIRST_L2S = 6    # logits of at most this many L2 sizes are read with evict-first loads
 _EVICT_FIRST_TILE_CTAS = 2        # CTAs per SM for evict-first tiles of rows of ...
 _EVICT_FIRST_TILE_MIN_ROW = 512   # ... at least this many bytes
+_ROW_BATCH_VECS = _THREADS * 4  # a CTA batch of the row-batch kernel, in 16-byte vectors
+_ROW_BATCH_MIN_CHUNKS = 4       # ... taken where every CTA gets at least this many batches
 _IGNORE_INDEX = -100
 
 
@@ -909,6 +1096,7 @@ class _Plan(NamedTuple):
     rounds: int  # items per group in a chunk
     chunks: int  # work units the CTAs claim: `rounds` items per group of a CTA, or a tile
     tile_rows: int = 0  # short rows: rows per tile staged through shared memory; 0: rows in registers
+    batch_rows: int = 0  # rows that fill a CTA batch exactly: rows per chunk (1 or 2); 0: another layout
 
 
 def _pow2_at_least(x):
@@ -930,12 +1118,33 @@ def _tile_rows(rows, cols, row_stride, elem_bytes, max_grid):
     return max(1, min(fit, -(-rows // max_grid)))
 
 
+def _batch_rows(rows, cols, row_stride, elem_bytes, num_sms, aligned):
+    """Rows per chunk for the row-batch kernel: 1 or 2 where that many rows of whole 16-byte
+    vectors, each starting on the 16-byte grid, fill its CTA batch exactly and every CTA gets
+    several batches; else 0. Measured against the other layouts (bench/PERF.md, session 12), with
+    evict-first loads it read 32768 x 4096 bf16 in 97.8 us against 100.2, 8192 x 8192 bf16 in 53.0
+    against 55.4, 4096 x 4096 fp32 in 30.8 against 33.0; with plain loads it tied (fp32 32768 x 4096)."""
+    per_vec = 16 // elem_bytes
+    if not aligned or cols % per_vec or row_stride % per_vec:
+        return 0
+    batch_rows = _ROW_BATCH_VECS // (cols // per_vec)
+    if batch_rows not in (1, 2) or batch_rows * (cols // per_vec) != _ROW_BATCH_VECS:
+        return 0
+    if rows < batch_rows * _ROW_BATCH_MIN_CHUNKS * num_sms * _CTAS_PER_SM:
+        return 0
+    return batch_rows
+
+
 @functools.lru_cache(maxsize=512)
-def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first):
+def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True):
     """Launch shape for an (rows, cols) problem with elem_bytes-wide logits, row_stride elements
-    apart, on num_sms SMs, read with evict-first loads or plain ones (_evict_first)."""
+    apart, on num_sms SMs, read with evict-first loads or plain ones (_evict_first); aligned: the
+    first logit lies on the 16-byte grid."""
     per_vec = 16 // elem_bytes
     max_grid = num_sms * _CTAS_PER_SM
+    batch_rows = _batch_rows(rows, cols, row_stride, elem_bytes, num_sms, aligned)
+    if batch_rows:
+        return _Plan(max_grid, _THREADS, 1, cols, 1, -(-rows // batch_rows), 0, batch_rows)
     tile_rows = _tile_rows(rows, cols, row_stride, elem_bytes, max_grid)
     if tile_rows and evict_first and cols * elem_bytes >= _EVICT_FIRST_TILE_MIN_ROW:
         # Evict-first tiles stream faster with fewer of them in flight: 2 CTAs per SM read 65536 x
@@ -1009,7 +1218,8 @@ def _plan_for(logits):
     gpu = _device_properties(logits.device.index)
     rows, cols = logits.shape
     evict_first = _evict_first(rows * cols * logits.element_size(), gpu.L2_cache_size)
-    plan = _plan(rows, cols, logits.stride(0), logits.element_size(), gpu.multi_processor_count, evict_first)
+    plan = _plan(rows, cols, logits.stride(0), logits.element_size(), gpu.multi_processor_count, evict_first,
+                 logits.data_ptr() % 16 == 0)
     return plan, evict_first
 
 
@@ -1136,7 +1346,7 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
     _ext.launch(logits.data_ptr(), targets.data_ptr(), out.data_ptr(), base, base + part_off, base + seg_off,
                 rows, cols, logits.stride(0), targets.stride(0) if rows else 1,
                 _DTYPE_CODES[logits.dtype], targets.element_size(),
-                plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks, plan.tile_rows,
+                plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks, plan.tile_rows, plan.batch_rows,
                 evict_first, plan.grid, device.index, stream.cuda_stream)
     return out
 

@@ -22,8 +22,10 @@ def test_compiles_without_spills(arch, tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = proc.stderr
     kernels = re.findall(r"Compiling entry function '(\w+)'", report)
-    # 3 logit dtypes x 2 target dtypes x rows in registers or in tiles x plain or evict-first loads
-    assert len(kernels) == 24, report
+    # 3 logit dtypes x 2 target dtypes x rows in registers or in tiles x plain or evict-first loads,
+    # and the row-batch kernel: 3 logit dtypes x 1 or 2 rows a batch x plain or evict-first loads
+    assert len(kernels) == 24 + 12, report
+    assert sum("row_batch" in k for k in kernels) == 12, report
     spills = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert len(spills) == len(kernels), report
     assert all(s == ("0", "0", "0") for s in spills), report

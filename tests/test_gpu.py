@@ -55,7 +55,7 @@ def launched_kernel(fn):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA], acc_events=True) as prof:
         fn()
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if "cross_entropy_mean_kernel" in e.name]
+    names = [e.name for e in prof.events() if "cross_entropy_mean" in e.name and "kernel" in e.name]
     assert len(names) == 1, names
     return names[0]
 
@@ -73,8 +73,9 @@ def evict_first_kernel(name):
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("tdtype", [torch.int64, torch.int32], ids=["int64", "int32"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("rows, cols", [PATHS["tiled"], (300, 1000), PATHS["registers"], (16, 256000), (257, 4099)],
-                         ids=["tiled", "tiled-long", "registers", "split", "unaligned"])
+@pytest.mark.parametrize("rows, cols", [PATHS["tiled"], (300, 1000), PATHS["registers"], (16, 256000), (257, 4099),
+                                        PATHS["row batches"]],
+                         ids=["tiled", "tiled-long", "registers", "split", "unaligned", "row-batches"])
 def test_both_kinds_of_load(model, monkeypatch, rows, cols, dtype, tdtype, evict_first):
     import model_new
     monkeypatch.setattr(model_new, "_evict_first", lambda *_: evict_first)
@@ -82,6 +83,7 @@ def test_both_kinds_of_load(model, monkeypatch, rows, cols, dtype, tdtype, evict
     out = []
     name = launched_kernel(lambda: out.append(model(x, t)))
     assert evict_first_kernel(name) == evict_first
+    assert ("row_batch" in name) == ((rows, cols) == PATHS["row batches"]), name
     assert_matches(out[0], x, t)
 
 
@@ -125,6 +127,38 @@ def test_target_logit_taken_from_every_position(model, monkeypatch, rows, cols, 
     for name, x in [("aligned", logits(rows, cols, dtype))] + views(rows, cols, dtype)[:2]:
         x = spiked(x, t)
         assert_matches(model(x, t), x, t)
+
+
+@pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_row_batches(model, monkeypatch, dtype, evict_first):
+    """Rows that fill a CTA batch exactly go to the row-batch kernel: one fp32 row or two 16-bit rows
+    of 4096 columns a batch, here 4001 of them, so the last batch has a row missing, contiguous and
+    padded to a row stride on the 16-byte grid. Targets at both ends and a spread of columns put the
+    target logit in every warp of a row; then a -inf target logit, a bad target, a NaN and ignored
+    rows, each as PyTorch gives them."""
+    import model_new
+    monkeypatch.setattr(model_new, "_evict_first", lambda *_: evict_first)
+    rows, cols = 4001, 4096
+    t = spread_columns(rows, cols)
+    for x in (logits(rows, cols, dtype), logits(rows, cols + 8, dtype)[:, :cols]):
+        x = spiked(x, t)
+        out = []
+        assert "row_batch" in launched_kernel(lambda: out.append(model(x, t)))
+        assert_matches(out[0], x, t)
+        assert_matches(model(x[:rows - 1], t[:rows - 1]), x[:rows - 1], t[:rows - 1])  # every batch full
+        ignored = t.clone()
+        ignored[::3] = -100
+        assert_matches(model(x, ignored), x, ignored)
+        y = x.clone()
+        y[rows - 1, t[rows - 1]] = float("-inf")  # the last row, alone in the last batch
+        assert torch.isinf(model(y, t)) and model(y, t) > 0
+        bad = t.clone()
+        bad[5] = cols
+        assert torch.isnan(model(x, bad))
+        y = x.clone()
+        y[7, 11] = float("nan")
+        assert torch.isnan(model(y, t))
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())

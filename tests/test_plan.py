@@ -31,17 +31,39 @@ def test_plan_is_legal(rows, cols, elem_bytes, sms, evict_first):
         assert p.splits == 1 and p.group <= 32
         assert ((p.tile_rows - 1) * cols + cols) * elem_bytes <= model_new._TILE_BYTES
         assert p.tile_rows <= model_new._THREADS * model_new._TILE_TARGETS
+    if p.batch_rows:  # whole rows of whole vectors fill a batch exactly, and every CTA gets several
+        assert p.tile_rows == 0 and p.splits == 1 and p.batch_rows in (1, 2)
+        assert p.batch_rows * cols * elem_bytes == model_new._ROW_BATCH_VECS * 16
+        assert p.chunks >= model_new._ROW_BATCH_MIN_CHUNKS * p.grid
 
 
 def test_headline_shape_fills_the_gpu_with_whole_rows():
-    p = _plan(32768, 4096, 4096, 4, 132, False)
-    assert p.splits == 1 and p.tile_rows == 0 and p.grid >= 0.95 * 132 * model_new._CTAS_PER_SM
-    assert p.group * model_new._VECS_PER_THREAD * 16 >= 4096 * 4  # each thread's share fits its vector budget
+    for elem_bytes, batch_rows in [(4, 1), (2, 2)]:  # a 16 KB batch: one fp32 row, two 16-bit rows
+        for evict_first in (False, True):
+            p = _plan(32768, 4096, 4096, elem_bytes, 132, evict_first)
+            assert p.splits == 1 and p.tile_rows == 0 and p.grid == 132 * model_new._CTAS_PER_SM
+            assert p.batch_rows == batch_rows and p.chunks == 32768 // batch_rows
+
+
+@pytest.mark.parametrize("rows, cols, stride, elem_bytes, aligned, batch_rows", [
+    (32768, 4096, 4096, 4, True, 1), (32768, 2048, 2048, 4, True, 2), (32768, 8192, 8192, 2, True, 1),
+    (4001, 4096, 4104, 2, True, 2),   # padded rows on the 16-byte grid, and a last chunk of one row
+    (32768, 4096, 4096, 4, False, 0),  # the first logit off the 16-byte grid
+    (32768, 4096, 4099, 4, True, 0),   # rows off the 16-byte grid
+    (32768, 4100, 4100, 4, True, 0),   # rows that do not fill a batch exactly
+    (32768, 1024, 1024, 4, True, 0),   # four rows a batch: tiles
+    (32768, 16384, 16384, 2, True, 0),  # a row of two batches
+    (1000, 4096, 4096, 4, True, 0),    # fewer than 4 batches per CTA
+])
+def test_row_batches_where_rows_fill_a_batch(rows, cols, stride, elem_bytes, aligned, batch_rows):
+    for evict_first in (False, True):
+        assert _plan(rows, cols, stride, elem_bytes, 132, evict_first, aligned).batch_rows == batch_rows
 
 
 @pytest.mark.parametrize("cols, elem_bytes", [(4096, 2), (4096, 4), (2048, 4), (8192, 2), (1500, 4)])
 def test_evict_first_rows_take_one_batch_per_thread(cols, elem_bytes):
-    plain, evict_first = (_plan(32768, cols, cols, elem_bytes, 132, ef) for ef in (False, True))
+    # Off the 16-byte grid, so that rows that fill a batch exactly stream through registers too.
+    plain, evict_first = (_plan(32768, cols, cols, elem_bytes, 132, ef, False) for ef in (False, True))
     vecs = -(-cols * elem_bytes // 16)
     assert plain.group * model_new._VECS_PER_THREAD >= vecs > plain.group * model_new._VECS_PER_THREAD // 2
     assert evict_first.group == 2 * plain.group  # each thread one batch of the row
@@ -55,7 +77,7 @@ def test_evict_first_rows_take_one_batch_per_thread(cols, elem_bytes):
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 def test_chunks_cover_the_items_and_fill_the_grid(rows, cols, elem_bytes, evict_first):
     p = _plan(rows, cols, cols, elem_bytes, 132, evict_first)
-    per_chunk = p.tile_rows or model_new._THREADS // p.group * p.rounds  # items per chunk
+    per_chunk = p.batch_rows or p.tile_rows or model_new._THREADS // p.group * p.rounds  # items per chunk
     items = rows * p.splits
     assert (p.chunks - 1) * per_chunk < items <= p.chunks * per_chunk or items == p.chunks == 0
     # every CTA that fits (evict-first tiles: fewer per SM), unless there are fewer chunks than
@@ -72,9 +94,9 @@ def test_few_rows_get_more_threads_while_each_cta_has_an_sm():
     p = _plan(64, 5000, 5000, 4, 132, False)
     assert p.group == 256 and p.grid == 64
     for rows in (300, 1000, 2000, 32768):  # bigger groups would put more CTAs than SMs
-        p = _plan(rows, 4096, 4096, 2, 132, False)
+        p = _plan(rows, 4096, 4096, 2, 132, False, False)  # off the 16-byte grid: rows in registers
         assert p.group == 256 or -(-rows // (model_new._THREADS // (2 * p.group))) > 132
-        assert p.group == _plan(32768, 4096, 4096, 2, 132, False).group or p.grid <= 132
+        assert p.group == _plan(32768, 4096, 4096, 2, 132, False, False).group or p.grid <= 132
 
 
 def test_few_long_rows_are_split_across_ctas():
@@ -96,7 +118,9 @@ def test_short_rows_are_staged_in_tiles_that_fill_the_gpu():
 def test_gpu_test_shapes_take_the_path_they_test(elem_bytes):
     from cases import PATHS
     assert _plan(*PATHS["tiled"], PATHS["tiled"][1], elem_bytes, 132, False).tile_rows > 0
-    assert _plan(*PATHS["registers"], PATHS["registers"][1], elem_bytes, 132, False).tile_rows == 0
+    assert _plan(*PATHS["registers"], PATHS["registers"][1], elem_bytes, 132, False)[-2:] == (0, 0)
+    assert _plan(*PATHS["row batches"], PATHS["row batches"][1], elem_bytes, 132, False).batch_rows > 0
+    assert _plan(4001, 4096, 4096, elem_bytes, 132, False).batch_rows > 0  # in SHAPES: a partial last chunk
     for cols in (64, 5000):  # special_rows
         assert (_plan(8, cols, cols, elem_bytes, 132, False).tile_rows > 0) == (cols == 64)
 
@@ -109,7 +133,8 @@ def test_evict_first_tiles_of_long_enough_rows_run_fewer_ctas():
         assert _plan(65536, 1000, 1000, elem_bytes, 132, False).grid == every
     assert _plan(262144, 250, 250, 2, 132, True).grid == every  # 500-byte rows: tiles of much arithmetic
     assert _plan(1000000, 10, 10, 4, 132, True).grid == every
-    assert _plan(32768, 4096, 4096, 2, 132, True).grid == every  # rows in registers
+    assert _plan(32768, 4096, 4096, 2, 132, True).grid == every  # row batches
+    assert _plan(32768, 4096, 4096, 2, 132, True, False).grid == every  # rows in registers
     p = _plan(4096, 129, 129, 4, 132, True)  # still one wave: tiles of 16 rows, not 11
     assert p.grid == p.chunks <= fewer and p.tile_rows == 16
     p = _plan(8192, 300, 300, 4, 132, True)  # fewer CTAs would need a wave and a bit: every CTA
@@ -123,7 +148,7 @@ def test_rows_far_apart_stream_through_registers():
 
 
 def test_long_rows_are_claimed_a_round_at_a_time_and_short_rows_are_shared_out():
-    long_rows = _plan(32768, 4096, 4096, 4, 132, False)  # 64 KB a round: claims balance the end
+    long_rows = _plan(32768, 4096, 4096, 4, 132, False, False)  # 64 KB a round: claims balance the end
     assert long_rows.rounds == 1 and long_rows.chunks > 8 * long_rows.grid
     short = _plan(1000000, 10, 4096, 4, 132, False)  # short rows far apart: 10 KB a round, one chunk per CTA
     assert short.tile_rows == 0 and short.rounds > 1 and short.chunks == short.grid
