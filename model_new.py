@@ -217,21 +217,26 @@ __device__ __forceinline__ float sum_exp(float base, SumExp2 sum_exp2) {
   return sum_exp2([base](float x) { return (x - base) * kLog2e; });
 }
 
-// One batch of vectors: one rescale of the running sum, then one exp per element. The max runs on
-// the stored words (packed pairs for 16-bit formats), so no unpacked copy of the batch stays live
-// across the two passes. The exponent stays (x - base) * log2(e) here: sum_exp's folded form
+// The largest element of n vectors. It runs on the stored words (packed pairs for 16-bit formats),
+// so no unpacked copy of the vectors stays live until their exps.
+template <class E, int N>
+__device__ __forceinline__ float vectors_max(const uint4 (&v)[N]) {
+  uint4 mx = v[0];
+#pragma unroll
+  for (int u = 1; u < N; ++u) {
+    mx.x = E::max2(mx.x, v[u].x);
+    mx.y = E::max2(mx.y, v[u].y);
+    mx.z = E::max2(mx.z, v[u].z);
+    mx.w = E::max2(mx.w, v[u].w);
+  }
+  return E::word_max(E::max2(E::max2(mx.x, mx.y), E::max2(mx.z, mx.w)));
+}
+
+// One batch of vectors: one rescale of the running sum, then one exp per element. The exponent stays (x - base) * log2(e) here: sum_exp's folded form
 // measured no faster on rows streamed through registers, whose pace the loads set (bench/PERF.md).
 template <class E>
 __device__ __forceinline__ Lse lse_add_batch(Lse st, const uint4 (&buf)[kBatch], int nvalid = kBatch) {
-  uint4 mx = buf[0];
-#pragma unroll
-  for (int u = 1; u < kBatch; ++u) {
-    mx.x = E::max2(mx.x, buf[u].x);
-    mx.y = E::max2(mx.y, buf[u].y);
-    mx.z = E::max2(mx.z, buf[u].z);
-    mx.w = E::max2(mx.w, buf[u].w);
-  }
-  const float m = fmaxf(st.m, E::word_max(E::max2(E::max2(mx.x, mx.y), E::max2(mx.z, mx.w))));
+  const float m = fmaxf(st.m, vectors_max<E>(buf));
   const float base = safe_base(m);
   float s0 = st.s * exp2_approx((st.m - base) * kLog2e), s1 = 0.f;
 #pragma unroll
@@ -875,15 +880,7 @@ struct RowBatch {
   // the target logit into x_t[row] where the row counts. Rows past the last (in the last chunk) are
   // reduced too, from stale registers, and never counted.
   __device__ __forceinline__ void reduce(const Params& p, long long chunk, float2* state, float* x_t, int* codes) const {
-    uint4 mx = vec[0];
-#pragma unroll
-    for (int j = 1; j < kRowBatchLoads; ++j) {
-      mx.x = E::max2(mx.x, vec[j].x);
-      mx.y = E::max2(mx.y, vec[j].y);
-      mx.z = E::max2(mx.z, vec[j].z);
-      mx.w = E::max2(mx.w, vec[j].w);
-    }
-    const float m = lanes_max(E::word_max(E::max2(E::max2(mx.x, mx.y), E::max2(mx.z, mx.w))), 32);
+    const float m = lanes_max(vectors_max<E>(vec), 32);
     // The exponent as (x - base) * log2(e): sum_exp's folded form needs a branch.
     const float base = safe_base(m);
     float s0 = 0.f, s1 = 0.f;
