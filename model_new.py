@@ -232,22 +232,29 @@ __device__ __forceinline__ float vectors_max(const uint4 (&v)[N]) {
   return E::word_max(E::max2(E::max2(mx.x, mx.y), E::max2(mx.z, mx.w)));
 }
 
-// One batch of vectors: one rescale of the running sum, then one exp per element. The exponent stays (x - base) * log2(e) here: sum_exp's folded form
-// measured no faster on rows streamed through registers, whose pace the loads set (bench/PERF.md).
+// s plus the sum of exp(x - base) over the elements of the first nvalid of n vectors, in two chains.
+// The exponent stays (x - base) * log2(e) here: sum_exp's folded form measured no faster on rows
+// streamed through registers, whose pace the loads set (bench/PERF.md), and needs a branch.
+template <class E, int N>
+__device__ __forceinline__ float vectors_sum_exp(const uint4 (&v)[N], float base, float s, int nvalid = N) {
+  float s1 = 0.f;
+#pragma unroll
+  for (int u = 0; u < N; ++u)
+    if (u < nvalid)  // the vectors past nvalid hold -inf: exp adds 0, so a partial batch skips them
+#pragma unroll
+      for (int i = 0; i < E::kPerVec; i += 2) {
+        s += exp2_approx((E::at(v[u], i) - base) * kLog2e);
+        s1 += exp2_approx((E::at(v[u], i + 1) - base) * kLog2e);
+      }
+  return s + s1;
+}
+
+// One batch of vectors: one rescale of the running sum, then one exp per element.
 template <class E>
 __device__ __forceinline__ Lse lse_add_batch(Lse st, const uint4 (&buf)[kBatch], int nvalid = kBatch) {
   const float m = fmaxf(st.m, vectors_max<E>(buf));
   const float base = safe_base(m);
-  float s0 = st.s * exp2_approx((st.m - base) * kLog2e), s1 = 0.f;
-#pragma unroll
-  for (int u = 0; u < kBatch; ++u)
-    if (u < nvalid)  // the vectors past nvalid hold -inf: exp adds 0, so a partial batch skips them
-#pragma unroll
-      for (int i = 0; i < E::kPerVec; i += 2) {
-        s0 += exp2_approx((E::at(buf[u], i) - base) * kLog2e);
-        s1 += exp2_approx((E::at(buf[u], i + 1) - base) * kLog2e);
-      }
-  return {m, s0 + s1};
+  return {m, vectors_sum_exp<E>(buf, base, st.s * exp2_approx((st.m - base) * kLog2e), nvalid)};
 }
 
 // log_softmax(x)[t] = x_t - m - log(s); all -inf rows give NaN (-inf - -inf), as in PyTorch.
@@ -847,7 +854,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
 // butterflies and leaves (m, s) in shared memory, and the thread that holds the target logit leaves
 // it beside them. After the chunk's one barrier a single warp, a different one each chunk, merges
 // the rows and stores the chunk's loss sum, while the others stream on.
-constexpr int kRowBatchLoads = 4;  // so a batch is kThreads * 4 vectors: the host's _ROW_BATCH_VECS
+constexpr int kRowBatchLoads = CE_ROW_BATCH_LOADS;  // 16-byte loads per thread and batch
 constexpr int kTargetPast = -3;    // a row of the last chunk past the last row
 
 template <class E, int kBatchRows, bool kEvictFirst>
@@ -881,17 +888,7 @@ struct RowBatch {
   // reduced too, from stale registers, and never counted.
   __device__ __forceinline__ void reduce(const Params& p, long long chunk, float2* state, float* x_t, int* codes) const {
     const float m = lanes_max(vectors_max<E>(vec), 32);
-    // The exponent as (x - base) * log2(e): sum_exp's folded form needs a branch.
-    const float base = safe_base(m);
-    float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < kRowBatchLoads; ++j)
-#pragma unroll
-      for (int i = 0; i < E::kPerVec; i += 2) {
-        s0 += exp2_approx((E::at(vec[j], i) - base) * kLog2e);
-        s1 += exp2_approx((E::at(vec[j], i + 1) - base) * kLog2e);
-      }
-    const float s = warp_sum(s0 + s1);
+    const float s = warp_sum(vectors_sum_exp<E>(vec, safe_base(m), 0.f));
     if ((threadIdx.x & 31) == 0) state[threadIdx.x >> 5] = make_float2(m, s);
 
     // Column t is element t % kPerVec of the row's vector t / kPerVec. Only the thread that would
@@ -1080,7 +1077,8 @@ _TILE_MIN_ROWS = 8      # rows shorter than an eighth of a tile are staged throu
 _EVICT_FIRST_L2S = 6    # logits of at most this many L2 sizes are read with evict-first loads
 _EVICT_FIRST_TILE_CTAS = 2        # CTAs per SM for evict-first tiles of rows of ...
 _EVICT_FIRST_TILE_MIN_ROW = 512   # ... at least this many bytes
-_ROW_BATCH_VECS = _THREADS * 4  # a CTA batch of the row-batch kernel, in 16-byte vectors
+_ROW_BATCH_LOADS = 4            # 16-byte loads per thread and batch of the row-batch kernel (kRowBatchLoads)
+_ROW_BATCH_VECS = _THREADS * _ROW_BATCH_LOADS  # its CTA batch, in 16-byte vectors
 _ROW_BATCH_MIN_CHUNKS = 4       # ... taken where every CTA gets at least this many batches
 _IGNORE_INDEX = -100
 
@@ -1235,7 +1233,7 @@ def _workspace_layout(plan, rows):
 # build short.
 def _nvcc_flags(arch_flags):
     return ["-O3", "-std=c++17", f"-DCE_THREADS={_THREADS}", f"-DCE_CTAS_PER_SM={_CTAS_PER_SM}", f"-DCE_BATCH={_BATCH}",
-            f"-DCE_TILE_TARGETS={_TILE_TARGETS}", f"-DCE_SEG_SLAB={_SEG_SLAB}",
+            f"-DCE_TILE_TARGETS={_TILE_TARGETS}", f"-DCE_SEG_SLAB={_SEG_SLAB}", f"-DCE_ROW_BATCH_LOADS={_ROW_BATCH_LOADS}",
             *arch_flags]
 
 
