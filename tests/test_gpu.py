@@ -162,6 +162,29 @@ def test_row_batches(model, monkeypatch, dtype, evict_first):
         assert torch.isnan(model(y, t))
 
 
+def test_sum_blocks(model, monkeypatch):
+    """The row-batch kernel sums its chunks in blocks of 512 as it goes, all but the last 2, and the
+    last CTA adds those blocks' sums to the last 2 blocks' slots. fp32 rows of 4096 columns are a
+    chunk each: 4096 rows make 8 blocks, the last full; 4097 a 9th of one chunk (and a padding slot);
+    bf16 4001 rows make 2001 chunks, 4 blocks, the last of 465. Each launch must leave the slots and
+    counts at zero for the next, whatever its plan, and give the same bits every time."""
+    import model_new
+    monkeypatch.setattr(model_new, "_workspaces", {})  # its own buffers, which are inspected
+    cases = [(4097, torch.float32), (4096, torch.float32), (4001, torch.bfloat16)]
+    inputs = [(logits(rows, 4096, dtype), targets(rows, 4096)) for rows, dtype in cases]
+    firsts = []
+    for x, t in inputs:
+        assert model_new._plan_for(x)[0].batch_rows
+        firsts.append(model(x, t))
+        assert_matches(firsts[-1], x, t)
+    zeros = model_new._workspaces[(0, torch.cuda.current_stream().cuda_stream, True)]
+    scratch = model_new._workspaces[(0, torch.cuda.current_stream().cuda_stream, False)]
+    for _ in range(2):
+        for (x, t), first in zip(inputs, firsts):
+            assert torch.equal(model(x, t), first)
+            assert not zeros.any() and not scratch[:4].any()
+
+
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_target_logit_at_segment_boundaries(model, dtype):
     """Rows split across CTAs: a target on either side of every segment boundary, and at both ends."""
