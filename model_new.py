@@ -1337,23 +1337,26 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
     return _Plan(max(1, min(max_grid, chunks)), group, splits, seg_len, rounds, chunks)
 
 
-def _evict_first(logit_bytes, l2_bytes):
+def _evict_first(logit_bytes, l2_bytes, elem_bytes, row_batches):
     """Whether the kernel reads the logits with evict-first loads, which leave the rest of L2 in
     place. Where L2 holds dirty lines (KernelBench's flush; in training, another kernel's output)
     that saves their write-back, about 9.5 us on the H100, but the read streams a few % slower
     while they stay; with a clean L2 both loads read alike. On the kernel (with _plan's one batch
     per item) the saving won up to 250-384 MiB of logits, by shape, and lost from 312-448 MiB
-    (bench/PERF.md): up to 6 L2 sizes (300 MiB on the H100) read evict-first."""
-    return logit_bytes <= _EVICT_FIRST_L2S * l2_bytes
+    (bench/PERF.md): up to 6 L2 sizes (300 MiB on the H100) read evict-first. The row-batch kernel
+    (row_batches) reads 16-bit rows faster evict-first at every size measured, 384 MiB to 1 GiB
+    (1.2 to 8.2 us), and its fp32 rows slower past 300 MiB (0.4 to 10.8 us), as the others."""
+    return logit_bytes <= _EVICT_FIRST_L2S * l2_bytes or (row_batches and elem_bytes == 2)
 
 
 def _plan_for(logits):
     """The launch plan for 2-D logits on their GPU, and whether it reads them evict-first."""
     gpu = _device_properties(logits.device.index)
     rows, cols = logits.shape
-    evict_first = _evict_first(rows * cols * logits.element_size(), gpu.L2_cache_size)
-    plan = _plan(rows, cols, logits.stride(0), logits.element_size(), gpu.multi_processor_count, evict_first,
-                 logits.data_ptr() % 16 == 0)
+    elem_bytes, aligned = logits.element_size(), logits.data_ptr() % 16 == 0
+    row_batches = _batch_rows(rows, cols, logits.stride(0), elem_bytes, gpu.multi_processor_count, aligned) > 0
+    evict_first = _evict_first(rows * cols * elem_bytes, gpu.L2_cache_size, elem_bytes, row_batches)
+    plan = _plan(rows, cols, logits.stride(0), elem_bytes, gpu.multi_processor_count, evict_first, aligned)
     return plan, evict_first
 
 

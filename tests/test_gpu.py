@@ -89,11 +89,17 @@ def test_both_kinds_of_load(model, monkeypatch, rows, cols, dtype, tdtype, evict
 
 def test_load_kind_follows_the_logits_size(model):
     import model_new
-    # fp32 rows of 16 KiB: up to _EVICT_FIRST_L2S L2 sizes of logits read evict-first, one row more plainly.
-    rows = model_new._EVICT_FIRST_L2S * torch.cuda.get_device_properties(0).L2_cache_size // (4096 * 4)
-    for n, expected in [(rows, True), (rows + 1, False)]:
-        x, t = logits(n, 4096, torch.float32), targets(n, 4096)
-        assert evict_first_kernel(launched_kernel(lambda: model(x, t))) == expected
+    # Up to _EVICT_FIRST_L2S L2 sizes of logits read evict-first, one row more plainly; but 16-bit
+    # rows in the row-batch kernel read evict-first at any size.
+    limit = model_new._EVICT_FIRST_L2S * torch.cuda.get_device_properties(0).L2_cache_size
+    for n, cols, dtype, expected in [(limit // (4096 * 4), 4096, torch.float32, True),       # row batches
+                                     (limit // (4096 * 4) + 1, 4096, torch.float32, False),  # row batches
+                                     (limit // (4104 * 2) + 1, 4104, torch.bfloat16, False),  # registers
+                                     (limit // (4096 * 2) + 2, 4096, torch.bfloat16, True)]:  # row batches
+        x, t = logits(n, cols, dtype), targets(n, cols)
+        name = launched_kernel(lambda: model(x, t))
+        assert ("row_batch" in name) == (cols == 4096), name
+        assert evict_first_kernel(name) == expected, (n, cols, dtype)
 
 
 def spiked(x, t, peak=30.0):

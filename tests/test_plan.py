@@ -189,9 +189,12 @@ def test_sum_blocks_fit_the_last_ctas_round():
 def test_evict_first_loads_only_for_reads_of_a_few_l2_sizes():
     l2 = 50 << 20  # the H100's L2
     limit = model_new._EVICT_FIRST_L2S * l2
-    assert model_new._evict_first(limit, l2) and not model_new._evict_first(limit + 1, l2)
-    assert model_new._evict_first(0, l2)
-    assert model_new._evict_first(65536 * 1000 * 2, l2)      # 125 MiB of bf16: evict-first measured 7% faster
-    assert model_new._evict_first(32768 * 4096 * 2, l2)      # 256 MiB of bf16: 3 us faster
-    assert not model_new._evict_first(5120 * 32000 * 2, l2)  # 312 MiB: 0.1-0.3 us slower (8 KB rows: 2 us faster)
-    assert not model_new._evict_first(32768 * 4096 * 4, l2)  # 512 MiB of fp32: 0.9 us slower
+    for elem_bytes in (4, 2):
+        assert model_new._evict_first(0, l2, elem_bytes, False) and model_new._evict_first(limit, l2, elem_bytes, False)
+        assert not model_new._evict_first(limit + 1, l2, elem_bytes, False)
+    assert model_new._evict_first(65536 * 1000 * 2, l2, 2, False)      # 125 MiB of bf16: evict-first measured 7% faster
+    assert model_new._evict_first(32768 * 4096 * 2, l2, 2, True)       # 256 MiB of bf16: 3 us faster
+    assert not model_new._evict_first(5120 * 32000 * 2, l2, 2, False)  # 312 MiB: 0.1-0.3 us slower
+    assert not model_new._evict_first(32768 * 4096 * 4, l2, 4, True)   # 512 MiB of fp32 row batches: 2 us slower
+    assert model_new._evict_first(65536 * 4096 * 2, l2, 2, True)       # 512 MiB of bf16 row batches: 3 us faster
+    assert model_new._evict_first(65536 * 8192 * 2, l2, 2, True)       # 1 GiB of them: 5.5 us faster
