@@ -1,5 +1,4 @@
 """The launch policy (_plan): every shape gets a legal launch that covers every column once."""
-import itertools
 
 import pytest
 
@@ -186,7 +185,7 @@ def test_sum_blocks_fit_the_last_ctas_round():
         assert p.batch_rows and 0 < model_new._counted_sum_blocks(p) <= threads
 
 
-def test_evict_first_loads_only_for_reads_of_a_few_l2_sizes():
+def test_evict_first_loads_for_reads_of_a_few_l2_sizes_and_16_bit_row_batches():
     l2 = 50 << 20  # the H100's L2
     limit = model_new._EVICT_FIRST_L2S * l2
     for elem_bytes in (4, 2):
