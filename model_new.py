@@ -1506,8 +1506,7 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
     # would be handed to the next allocation of the capture.
     ws = _workspace(device, stream, nbytes)
     ws_zeros = _workspace(device, stream, zeros_bytes, zeros=True) if zeros_bytes else None
-    base = ws.data_ptr()
-    zeros = ws_zeros.data_ptr() if zeros_bytes else 0
+    base, zeros = ws.data_ptr(), (ws_zeros.data_ptr() if ws_zeros is not None else 0)
     out = torch.empty((), dtype=logits.dtype, device=device)
     _ext.launch(logits.data_ptr(), targets.data_ptr(), out.data_ptr(), base, base + part_off, base + seg_off,
                 zeros + slots_off, zeros, base + block_off,
