@@ -6,9 +6,10 @@ ModelNew()(logits, targets) equals cross_entropy(logits, targets) with PyTorch's
 
 How: one kernel reads every logit once and writes nothing of size N x C. Each row is reduced
 to (max, sum of exp) in fp32, the target logit picked out on the way; each chunk of rows has its
-losses summed in a fixed order, and the last CTA to finish sums the chunks' partials in index
-order and divides. So the mean comes out of the same launch, with no memset, no second
-kernel, no host synchronization and no float atomics: the same bits on every run.
+losses summed in a fixed order and added, by integer atomics, to a fixed-point number that holds
+any float exactly; the last CTA to finish converts it and divides. So the mean comes out of the
+same launch, with no memset, no second kernel, no host synchronization and no float atomics:
+integer additions give the same bits in any order, so every run gives the same bits.
 
 Where to look: _CUDA_SRC holds the kernel (its header comment gives the algorithm), _plan is
 the launch policy, _cross_entropy_mean the dispatch, ModelNew the module the harness loads.
@@ -54,14 +55,15 @@ _CUDA_SRC = r"""
 // the DRAM half idle. Claims come in order, so the grid still sweeps the tensor front to back.
 // Where a round of a CTA reads only a few KB (very short rows) claims cost more than they
 // balance, and the plan gives each CTA one chunk of many rounds: a fixed share, as before.
-// Determinism survives the dynamic schedule because no float is summed per CTA: each chunk's
-// losses are summed in group order and stored at the chunk's index, and the last CTA sums the
-// chunks in index order (the row-batch kernel, whose chunks are many, sums most of them in fixed
-// blocks as it goes: see "sum blocks" below); rows of ignore_index are counted into an integer, the
-// same in any order. Segments store an (m, s, x_t) triple per item instead, which the last CTA
-// merges per row. The last CTA is found with a counter that an atomic increment returns to zero by
-// itself, and resets the claim counter and the ignored rows' count, so the workspace needs zeroing
-// once, at allocation.
+// Determinism survives the dynamic schedule because no float is summed in an order that depends on
+// timing: each chunk's losses are summed in group order, and the chunks' sums go into one
+// fixed-point accumulator wide enough to hold any float exactly, by integer atomics (see "the exact
+// sum" below); integer addition gives the same bits in any order, and so does the count of rows of
+// ignore_index. The last CTA converts that sum once and divides: it reads 88 bytes, not a partial
+// per chunk. Segments store an (m, s, x_t) triple per item instead, which the last CTA merges per
+// row. The last CTA is found with a counter that an atomic increment returns to zero by itself, and
+// resets the claim counter, the ignored rows' count and the accumulator, so the workspace needs
+// zeroing once, at allocation.
 //
 // Loads: the logits stream through plain 16-byte loads, or evict-first ones where they are at most
 // a few L2 sizes (the host's _evict_first says why).
@@ -77,8 +79,6 @@ constexpr int kCtasPerSm = CE_CTAS_PER_SM;   // resident CTAs per SM: caps regis
 constexpr int kBatch = CE_BATCH;             // 16-byte loads in flight per thread before first use
 constexpr int kTileTargets = CE_TILE_TARGETS;  // targets each thread loads per tile of short rows
 constexpr int kSegSlab = CE_SEG_SLAB;        // segment partials the last CTA stages at a time: splits <= kSegSlab
-constexpr int kSumBlock = CE_SUM_BLOCK;      // chunks per sum block of the row-batch kernel
-constexpr int kSumTailBlocks = CE_SUM_TAIL_BLOCKS;  // its last sum blocks, which the last CTA sums itself
 constexpr int kWarps = kThreads / 32;
 constexpr long long kIgnoreIndex = -100;     // PyTorch's default ignore_index
 constexpr float kLog2e = 1.4426950408889634f;
@@ -89,7 +89,7 @@ struct Params {
   void* out;                   // one element of the logits' dtype
   unsigned int* counter;       // [0]: CTAs that finished, modulo gridDim.x; [1]: chunks claimed
   unsigned long long* ignored_rows;  // rows whose target is ignore_index (splits == 1), beside them
-  float* chunk_partials;       // per chunk when splits == 1: the sum of its rows' losses
+  unsigned long long* exact;   // when splits == 1: the chunks' loss sums, exactly (see "the exact sum")
   float4* seg_partials;        // per item when splits > 1: (m, s, x_t, unused)
   long long rows, cols, row_stride, target_stride;
   long long items;             // rows * splits
@@ -98,11 +98,6 @@ struct Params {
   int tile_rows;               // rows per tile where short rows are staged in shared memory; else 0
   int batch_rows;              // rows per chunk where they fill a CTA batch exactly (1 or 2); else 0
   int target_bytes;            // 8 (int64) or 4 (int32)
-  // Row-batch kernel (see "sum blocks"): a tagged slot per chunk for its loss sum and a count per sum
-  // block but the last kSumTailBlocks, all zero between launches; and each counted block's sum.
-  unsigned long long* chunk_slots;
-  unsigned int* block_arrivals;
-  double* block_sums;
 };
 
 // ------------------------------------------------------------------ element formats
@@ -589,56 +584,110 @@ __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t,
   }
 }
 
+// ------------------------------------------------------------------ the exact sum
+// Whole rows: each chunk's loss sum, a float, is added to one fixed-point number by integer atomics.
+// A finite float is mant * 2^(at - 149) with mant < 2^24 and 0 <= at <= 253, so its bits fall in
+// two neighbouring 32-bit digits of a number whose unit is 2^-149: digit k weighs 2^(32k - 149),
+// and kExactDigits of them reach 2^139, past the largest float. Each digit lives in a 64-bit word
+// whose upper half takes the carries of up to 2^31 additions, one per chunk (chunks are far fewer:
+// each holds 16 KB of logits or 8 rows, or there is one per CTA); a negative addend, a loss rounded
+// just under zero, goes in as two's complement. The last CTA propagates the carries. Integer addition
+// gives the same bits in any order, so the chunks may land in any order, no one sums per-chunk
+// partials at the end, and the sum is exact until it is converted to double. (Before, the last
+// CTA summed a float per chunk in index order: 4.7 us of 187 at 32768 x 4096 fp32, and blocks of
+// chunks summed during the stream still cost 1-2 us; bench/PERF.md, session 13.) Infinities and
+// NaN set flags in the word after the digits, so that the mean follows IEEE rules for them.
+constexpr int kExactWords = CE_EXACT_WORDS;     // the digits, then the flags; the host's workspace layout
+constexpr int kExactDigits = kExactWords - 1;
+static_assert(32 * kExactDigits >= 253 + 24 && kExactWords % 2 == 0, "every float's bits, in whole 16-byte loads");
+constexpr unsigned long long kSawNaN = 1, kSawPosInf = 2, kSawNegInf = 4;
+
+// Relaxed atomics without a return (RED): the merging lane never waits for them. The last CTA sees
+// them through the arrivals' release and acquire, as it would see stores.
+__device__ __forceinline__ void exact_add(unsigned long long* acc, float v) {
+  const uint32_t bits = __float_as_uint(v), biased = bits >> 23 & 0xffu, frac = bits & 0x7fffffu;
+  if (biased == 0xffu) {
+    atomicOr(acc + kExactDigits, frac ? kSawNaN : bits >> 31 ? kSawNegInf : kSawPosInf);
+    return;
+  }
+  const int at = max(int(biased), 1) - 1;  // subnormals share the smallest normal's unit
+  const unsigned long long x = (unsigned long long)(biased ? frac | 0x800000u : frac) << (at & 31);
+  const unsigned long long lo = x & 0xffffffffull, hi = x >> 32, sign = bits >> 31;
+  if (lo) atomicAdd(acc + (at >> 5), sign ? 0ull - lo : lo);
+  if (hi) atomicAdd(acc + (at >> 5) + 1, sign ? 0ull - hi : hi);
+}
+
+__device__ __forceinline__ double pow2(int e) { return __longlong_as_double((long long)(e + 1023) << 52); }
+
+// The sum as a double, read by one thread once every addition is visible to it; the accumulator is
+// left at zero for the next launch.
+__device__ __forceinline__ double exact_sum(unsigned long long* acc) {
+  ulonglong2* const pairs = reinterpret_cast<ulonglong2*>(acc);
+  unsigned long long w[kExactWords];
+#pragma unroll
+  for (int u = 0; u < kExactWords / 2; ++u) {
+    const ulonglong2 q = __ldcg(pairs + u);
+    w[2 * u] = q.x;
+    w[2 * u + 1] = q.y;
+  }
+#pragma unroll
+  for (int u = 0; u < kExactWords / 2; ++u) pairs[u] = make_ulonglong2(0ull, 0ull);
+  // Carries up: digits in [0, 2^32), the sign in what is left above the top one.
+  uint32_t digit[kExactDigits];
+  long long top = 0;
+#pragma unroll
+  for (int k = 0; k < kExactDigits; ++k) {
+    const long long v = (long long)w[k] + top;
+    digit[k] = uint32_t(v);
+    top = v >> 32;
+  }
+  const bool negative = top < 0;
+  if (negative) {  // the magnitude: the two's complement of all the digits and the top
+    unsigned long long carry = 1;
+#pragma unroll
+    for (int k = 0; k < kExactDigits; ++k) {
+      const unsigned long long v = (unsigned long long)~digit[k] + carry;
+      digit[k] = uint32_t(v);
+      carry = v >> 32;
+    }
+    top = ~top + (long long)carry;
+  }
+  // From the top digit down, so that each addition rounds at most where the double's bits end.
+  double sum = double(top) * pow2(32 * kExactDigits - 149);
+#pragma unroll
+  for (int k = kExactDigits - 1; k >= 0; --k) sum += double(digit[k]) * pow2(32 * k - 149);
+  const unsigned long long flags = w[kExactDigits];
+  if (flags & kSawNaN || (flags & kSawPosInf && flags & kSawNegInf)) return __int_as_float(0x7fc00000);  // inf - inf too
+  if (flags) return flags & kSawPosInf ? INFINITY : -INFINITY;
+  return negative ? -sum : sum;
+}
+
 // ------------------------------------------------------------------ the end of a launch
 // Rows of ignore_index, counted by warp (an integer sum, the same in any order), then this CTA's
 // arrival. Returns whether it is the last CTA to arrive; every CTA has made its last claim by then,
 // and the caller resets the claims' counter in that case (made here, the reset cost the tiled kernel
-// a spill on sm_80). Every thread must call it. (Counting the rows beside each chunk's loss doubled
-// the partials that the last CTA reads, at 0.7 us a round.)
+// a spill on sm_80). Every thread must call it.
 __device__ __forceinline__ bool arrive_last(const Params& p, unsigned int ignored, bool whole_rows) {
   __shared__ bool is_last_cta;
   if (whole_rows && __any_sync(0xffffffffu, ignored)) {
     const unsigned long long warp_ignored = warp_sum((unsigned long long)ignored);
     if ((threadIdx.x & 31) == 0) atomicAdd(p.ignored_rows, warp_ignored);
   }
-  // The barrier orders every thread's partials before thread 0's arrival, whose release publishes
-  // them device-wide; in the last CTA its acquire, then the barrier, orders the other CTAs'
-  // partials before every thread's reads. One atomic in place of a fence on each side.
+  // The barrier orders every thread's writes (segment partials, additions to the exact sum) before
+  // thread 0's arrival, whose release publishes them device-wide; in the last CTA its acquire, then
+  // the barrier, orders the other CTAs' writes before every thread's reads. One atomic in place of a
+  // fence on each side.
   __syncthreads();
   if (threadIdx.x == 0) is_last_cta = arrive_acq_rel(p.counter, gridDim.x - 1) == gridDim.x - 1;
   __syncthreads();
   return is_last_cta;
 }
 
-// The last CTA's share of whole rows: the chunks' loss sums, and in thread 0 the rows counted.
+// The last CTA's share of whole rows, in thread 0: the chunks' exact sum and the rows counted.
 __device__ __forceinline__ Total whole_rows_total(const Params& p) {
-  // Every CTA counted its ignored rows before it arrived. Loaded first, so that its round trip
-  // overlaps the partials' loads.
-  const unsigned long long ignored_rows = threadIdx.x == 0 ? __ldcg(p.ignored_rows) : 0ull;
-  Total total = {0.0, 0ull};
-  // The chunks' sums four at a time, kFinalLoads loads in flight per thread, each thread a fixed
-  // share: this tail runs on one SM while the rest of the GPU idles, so its latency counts.
-  constexpr int kFinalLoads = 8;
-  const float4* quads = reinterpret_cast<const float4*>(p.chunk_partials);
-  const long long nquads = (p.chunks + 3) / 4;
-  for (long long i0 = threadIdx.x; i0 < nquads; i0 += kFinalLoads * kThreads) {
-    float4 q[kFinalLoads];
-#pragma unroll
-    for (int u = 0; u < kFinalLoads; ++u) {
-      const long long i = i0 + u * kThreads;
-      q[u] = i < nquads ? __ldcg(quads + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int u = 0; u < kFinalLoads; ++u) {
-      const long long first = 4 * (i0 + u * kThreads);  // the last quad may hold fewer chunks
-      total.sum += q[u].x;
-      if (first + 1 < p.chunks) total.sum += q[u].y;
-      if (first + 2 < p.chunks) total.sum += q[u].z;
-      if (first + 3 < p.chunks) total.sum += q[u].w;
-    }
-  }
-  if (threadIdx.x == 0) total.count = p.rows - ignored_rows;
-  return total;
+  if (threadIdx.x != 0) return {0.0, 0ull};
+  const unsigned long long ignored_rows = __ldcg(p.ignored_rows);  // before the sum's loads: one round trip
+  return {exact_sum(p.exact), p.rows - ignored_rows};
 }
 
 // The last CTA's share of split rows: each row's segments merged, its loss, and the rows counted.
@@ -833,7 +882,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) sum += warp_sums[parity][w];
       if (lone) lone_sum += sum;
-      else p.chunk_partials[chunk] = sum;
+      else exact_add(p.exact, sum);
     }
     chunk = next_chunk;
     next_chunk = claimed[parity];
@@ -850,106 +899,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   }
   if (!arrive_last(p, ignored, whole_rows)) return;
   if (threadIdx.x == 0) *claims = 0;
-  store_mean<E>(p, cta_sum(whole_rows ? whole_rows_total(p) : segments_total<E, Target>(p), final_scratch));
-}
-
-// ------------------------------------------------------------------ sum blocks
-// The row-batch kernel's chunks are many (32768 at 32768 x 4096 fp32), and summing their partials in
-// the last CTA took 4.7 of the kernel's 187 us there (2.1 us for the 16384 of bf16): one SM's loads
-// and adds while the rest of the GPU idles. So they are summed in blocks of kSumBlock chunks while
-// the stream goes on. The lane that merges a chunk stores its sum in the chunk's slot and counts the
-// chunk in at its block; the warp whose count completes a block sums the block's slots in index
-// order, a step later, so that no warp waits for the atomic. The last kSumTailBlocks blocks, whose
-// chunks are still in flight when the stream ends, are not counted: the last CTA adds their slots to
-// the other blocks' sums, all in one round of loads, so the end seldom waits for a block's sum.
-//
-// No fence: a release before the count waits for the warp's loads in flight (MEMBAR.ALL.GPU), which
-// made fp32 32768 x 4096 21 us slower. Instead a slot holds the sum and a tag in one 64-bit word,
-// stored and loaded whole (CUB's decoupled look-back does the same), and the summing warp reads a
-// slot again until its tag shows: its merging lane stored it before counting in, so it lands soon.
-// Every launch leaves the slots and the counts at zero (the summing warp clears its block, the last
-// CTA the last block), so a tag means "stored in this launch". Every sum is over fixed indices in a
-// fixed order; only which warp computes it varies.
-constexpr unsigned long long kSlotStored = 1ull << 32;  // a slot's tag, above the sum's bits
-
-// Sum blocks with a count: all but the last kSumTailBlocks (those the last CTA sums).
-__device__ __forceinline__ long long counted_blocks(const Params& p) {
-  return max(0ll, (p.chunks + kSumBlock - 1) / kSumBlock - kSumTailBlocks);
-}
-
-__device__ __forceinline__ void store_slot(unsigned long long* slot, float sum) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(slot), "l"(kSlotStored | __float_as_uint(sum)) : "memory");
-}
-__device__ __forceinline__ ulonglong2 load_slots(const ulonglong2* pair) {
-  ulonglong2 v;
-  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(pair) : "memory");
-  return v;
-}
-__device__ __forceinline__ float slot_sum(unsigned long long slot) { return __uint_as_float(uint32_t(slot)); }
-
-// A relaxed atomic add: the count orders nothing, the tags do.
-__device__ __forceinline__ unsigned int count_in(unsigned int* counter) {
-  unsigned int old;
-  asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
-  return old;
-}
-
-// One warp: block b's slots summed in index order into block_sums[b], then cleared with the block's
-// count for the next launch. Rounds of 4 16-byte loads (8 slots) a lane, not unrolled: more loads
-// at once, or the rounds unrolled, spilled on sm_80.
-__device__ __forceinline__ void sum_block(const Params& p, int b) {
-  constexpr int kPairsPerLane = 4;
-  static_assert(kSumBlock % (64 * kPairsPerLane) == 0, "a sum block in whole rounds of the warp");
-  const int lane = threadIdx.x & 31;
-  ulonglong2* pairs = reinterpret_cast<ulonglong2*>(p.chunk_slots + (long long)b * kSumBlock) + lane;
-  double sum = 0.0;
-#pragma unroll 1
-  for (int round = 0; round < kSumBlock / (64 * kPairsPerLane); ++round, pairs += 32 * kPairsPerLane) {
-    ulonglong2 v[kPairsPerLane];
-#pragma unroll
-    for (int u = 0; u < kPairsPerLane; ++u) v[u] = load_slots(pairs + 32 * u);
-#pragma unroll
-    for (int u = 0; u < kPairsPerLane; ++u) {
-      while (!(v[u].x & v[u].y & kSlotStored)) v[u] = load_slots(pairs + 32 * u);
-      sum += slot_sum(v[u].x);
-      sum += slot_sum(v[u].y);
-      pairs[32 * u] = make_ulonglong2(0ull, 0ull);
-    }
-  }
-  sum = warp_sum(sum);
-  if (lane == 0) {
-    p.block_sums[b] = sum;
-    p.block_arrivals[b] = 0;
-  }
-}
-
-// The last CTA's share with sum blocks: the counted blocks' sums and the last blocks' slots (which
-// it clears), every thread's loads out before any sum is added: one round trip where there are at
-// most kThreads counted blocks. In thread 0, the rows counted.
-__device__ __forceinline__ Total blocked_rows_total(const Params& p) {
-  constexpr int kTailPairs = kSumTailBlocks * kSumBlock / 2 / kThreads;  // slot pairs per thread
-  static_assert(kTailPairs * kThreads * 2 == kSumTailBlocks * kSumBlock, "the tail's slots in whole rounds");
-  const unsigned long long ignored_rows = threadIdx.x == 0 ? __ldcg(p.ignored_rows) : 0ull;
-  const long long blocks = counted_blocks(p);
-  const int npairs = int(p.chunks - blocks * kSumBlock + 1) / 2;  // the host pads the slots to pairs
-  ulonglong2* pairs = reinterpret_cast<ulonglong2*>(p.chunk_slots + blocks * kSumBlock);
-  const double first = threadIdx.x < blocks ? __ldcg(p.block_sums + threadIdx.x) : 0.0;
-  ulonglong2 v[kTailPairs];
-#pragma unroll
-  for (int u = 0; u < kTailPairs; ++u) {
-    const int i = threadIdx.x + u * kThreads;
-    v[u] = i < npairs ? __ldcg(pairs + i) : make_ulonglong2(0ull, 0ull);
-  }
-  Total total = {first, 0ull};
-#pragma unroll
-  for (int u = 0; u < kTailPairs; ++u) {
-    total.sum += slot_sum(v[u].x);
-    total.sum += slot_sum(v[u].y);  // the padding slot past the last chunk stays zero
-    if (threadIdx.x + u * kThreads < npairs) pairs[threadIdx.x + u * kThreads] = make_ulonglong2(0ull, 0ull);
-  }
-  for (long long i = threadIdx.x + kThreads; i < blocks; i += kThreads) total.sum += __ldcg(p.block_sums + i);
-  if (threadIdx.x == 0) total.count = p.rows - ignored_rows;
-  return total;
+  store_mean<E>(p, whole_rows ? whole_rows_total(p) : cta_sum(segments_total<E, Target>(p), final_scratch));
 }
 
 // ------------------------------------------------------------------ rows that tile a CTA batch
@@ -1023,10 +973,10 @@ struct RowBatch {
 };
 
 // One warp after the chunk's barrier: lane w takes warp w's (m, s), a butterfly merges each row's
-// warps, and the rows' losses are summed in row order.
+// warps, and the rows' losses are summed in row order, then added to the exact sum.
 template <int kBatchRows>
-__device__ __forceinline__ void merge_batch_rows(const Params& p, long long chunk, const float2* state, const float* x_t,
-                                                 const int* codes, unsigned int& ignored) {
+__device__ __forceinline__ void merge_batch_rows(const Params& p, const float2* state, const float* x_t, const int* codes,
+                                                 unsigned int& ignored) {
   constexpr int kRowWarps = kWarps / kBatchRows;
   const int lane = threadIdx.x & 31, r = lane / kRowWarps;
   const float2 part = lane < kWarps ? state[lane] : make_float2(-INFINITY, 0.f);
@@ -1039,7 +989,7 @@ __device__ __forceinline__ void merge_batch_rows(const Params& p, long long chun
     else if (code != kTargetPast) loss = code >= 0 ? row_loss(st, x_t[r]) : __int_as_float(0x7fc00000);
   }
   for (int offset = kRowWarps; offset < kWarps; offset <<= 1) loss += __shfl_xor_sync(0xffffffffu, loss, offset);
-  if (lane == 0) store_slot(p.chunk_slots + chunk, loss);
+  if (lane == 0) exact_add(p.exact, loss);
 }
 
 // Where a CTA stands in the stream of chunks.
@@ -1047,29 +997,10 @@ struct ChunkCursor {
   long long chunk, next_chunk;  // the chunk this step reduces, and the one whose loads it issues
   int merger;                   // the warp that merges this chunk's rows
   unsigned int ignored;         // the merging lanes' rows of ignore_index
-  int counted_block;            // the warp that merged the last chunk: the sum block it counted it in, or -1
-  unsigned int counted_before;  // ... and in its lane 0, the block's count before it
 };
 
-// The merging warp, once lane 0 has stored the chunk's slot: the chunk counted in at its sum block.
-__device__ __forceinline__ void count_chunk_in(const Params& p, long long chunk, ChunkCursor& at) {
-  const long long block = chunk / kSumBlock;
-  if (block >= counted_blocks(p)) return;
-  at.counted_block = int(block);
-  if ((threadIdx.x & 31) == 0) at.counted_before = count_in(p.block_arrivals + block);
-}
-
-// The warp that merged the previous chunk: if its count completed the chunk's block, the block's sum.
-// A step after the count, so that its atomic's round trip is long over. The test is the same across
-// a warp; every thread may call it.
-__device__ __forceinline__ void settle_block(const Params& p, ChunkCursor& at) {
-  if (at.counted_block < 0) return;
-  if (__shfl_sync(0xffffffffu, at.counted_before, 0) == kSumBlock - 1) sum_block(p, at.counted_block);
-  at.counted_block = -1;
-}
-
 // One chunk: claim the chunk after next, issue the next one's loads, reduce this one's rows, and
-// after the barrier settle the previous chunk's sum block and merge this one's rows in one warp. A
+// after the barrier merge them in one warp. A
 // function, not a lambda, so that it is inlined at both of its calls and the batches stay in
 // registers (as a lambda it kept them on the stack).
 template <class Batch>
@@ -1086,11 +1017,8 @@ __device__ __forceinline__ void row_batch_step(const Params& p, const Batch& cur
   cur.reduce(p, at.chunk, state[parity], target_logit[parity], target_codes[parity]);
   if (threadIdx.x == 0) claimed[parity] = 2ll * gridDim.x + claim;
   __syncthreads();
-  settle_block(p, at);  // after the barrier: the reduced batch's registers are free for the block's loads
-  if (int(threadIdx.x >> 5) == at.merger) {
-    merge_batch_rows<kRows>(p, at.chunk, state[parity], target_logit[parity], target_codes[parity], at.ignored);
-    count_chunk_in(p, at.chunk, at);
-  }
+  if (int(threadIdx.x >> 5) == at.merger)
+    merge_batch_rows<kRows>(p, state[parity], target_logit[parity], target_codes[parity], at.ignored);
   at.merger = (at.merger + 1) % kWarps;
   at.chunk = at.next_chunk;
   at.next_chunk = claimed[parity];
@@ -1098,8 +1026,7 @@ __device__ __forceinline__ void row_batch_step(const Params& p, const Batch& cur
 
 template <class E, int kBatchRows, bool kEvictFirst>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_row_batch_kernel(const Params p) {
-  __shared__ Total final_scratch[kWarps];
-  ChunkCursor at = {blockIdx.x, (long long)gridDim.x + blockIdx.x, 0, 0u, -1, 0u};
+  ChunkCursor at = {blockIdx.x, (long long)gridDim.x + blockIdx.x, 0, 0u};
   RowBatch<E, kBatchRows, kEvictFirst> a = {}, b = {};  // zeros: the last chunk's missing rows read them
   if (at.chunk < p.chunks) a.issue(p, at.chunk);
   while (at.chunk < p.chunks) {  // the same in every thread
@@ -1107,10 +1034,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_row_b
     if (at.chunk >= p.chunks) break;
     row_batch_step(p, b, a, 1, at);
   }
-  settle_block(p, at);  // this CTA's last merge
   if (!arrive_last(p, at.ignored, true)) return;
   if (threadIdx.x == 0) p.counter[1] = 0;
-  store_mean<E>(p, cta_sum(blocked_rows_total(p), final_scratch));
+  store_mean<E>(p, whole_rows_total(p));
 }
 
 template <class E, class Target, bool kEvictFirst>
@@ -1138,8 +1064,7 @@ void launch_for_targets(const Params& p, int target_bytes, bool evict_first, int
 
 // dtype: 0 float32, 1 bfloat16, 2 float16. Pointers and the stream come from Python as integers.
 void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t counter,
-                               uintptr_t chunk_partials, uintptr_t seg_partials, uintptr_t chunk_slots,
-                               uintptr_t block_arrivals, uintptr_t block_sums, int64_t rows, int64_t cols,
+                               uintptr_t exact, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
                                int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks,
                                int64_t tile_rows, int64_t batch_rows, bool evict_first, int64_t grid, int64_t device, uintptr_t stream) {
@@ -1149,11 +1074,8 @@ void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t ou
   p.out = reinterpret_cast<void*>(out);
   p.counter = reinterpret_cast<unsigned int*>(counter);
   p.ignored_rows = reinterpret_cast<unsigned long long*>(counter + 8);
-  p.chunk_partials = reinterpret_cast<float*>(chunk_partials);
+  p.exact = reinterpret_cast<unsigned long long*>(exact);
   p.seg_partials = reinterpret_cast<float4*>(seg_partials);
-  p.chunk_slots = reinterpret_cast<unsigned long long*>(chunk_slots);
-  p.block_arrivals = reinterpret_cast<unsigned int*>(block_arrivals);
-  p.block_sums = reinterpret_cast<double*>(block_sums);
   p.rows = rows;
   p.cols = cols;
   p.row_stride = row_stride;
@@ -1187,8 +1109,7 @@ _CPP_SRC = r"""
 #include <cstdint>
 
 void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t out, uintptr_t counter,
-                               uintptr_t chunk_partials, uintptr_t seg_partials, uintptr_t chunk_slots,
-                               uintptr_t block_arrivals, uintptr_t block_sums, int64_t rows, int64_t cols,
+                               uintptr_t exact, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
                                int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks,
                                int64_t tile_rows, int64_t batch_rows, bool evict_first, int64_t grid, int64_t device, uintptr_t stream);
@@ -1217,8 +1138,7 @@ _EVICT_FIRST_TILE_MIN_ROW = 512   # ... at least this many bytes
 _ROW_BATCH_LOADS = 4            # 16-byte loads per thread and batch of the row-batch kernel (kRowBatchLoads)
 _ROW_BATCH_VECS = _THREADS * _ROW_BATCH_LOADS  # its CTA batch, in 16-byte vectors
 _ROW_BATCH_MIN_CHUNKS = 4       # ... taken where every CTA gets at least this many batches
-_SUM_BLOCK = 512                # its chunks per sum block (the kernel's kSumBlock)
-_SUM_TAIL_BLOCKS = 2            # its last sum blocks, summed by the last CTA (kSumTailBlocks): two loads a thread
+_EXACT_WORDS = 10               # 64-bit words of the exact sum: 9 digits and the flags (the kernel's kExactWords)
 _IGNORE_INDEX = -100
 
 
@@ -1360,37 +1280,14 @@ def _plan_for(logits):
     return plan, evict_first
 
 
-def _up16(nbytes):
-    return 16 * (-(-nbytes // 16))
-
-
-def _counted_sum_blocks(plan):
-    """Row batches: the sum blocks that the kernel counts and sums as it goes (the kernel's
-    counted_blocks); the rest the last CTA sums."""
-    return max(0, -(-plan.chunks // _SUM_BLOCK) - _SUM_TAIL_BLOCKS) if plan.batch_rows else 0
-
-
 def _workspace_layout(plan, rows):
-    """Byte offsets of the chunk partials, the sum blocks' sums (row batches) and the segment
-    partials, and the bytes in all. The counters fill the first 16 bytes: CTAs finished, chunks
-    claimed, rows ignored (64-bit)."""
-    part_off = 16
-    part_bytes = 4 * plan.chunks if plan.splits == 1 and not plan.batch_rows else 0
-    block_off = part_off + _up16(part_bytes)
-    block_bytes = 8 * _counted_sum_blocks(plan)
-    seg_off = block_off + _up16(block_bytes)
+    """Byte offsets of the exact sum and the segment partials, and the bytes in all. The counters
+    fill the first 16 bytes (CTAs finished, chunks claimed, rows ignored: 64-bit), the exact sum's
+    words the next 80 (16-byte loads), and segments (splits > 1) have an (m, s, x_t) partial each."""
+    exact_off = 16
+    seg_off = exact_off + 8 * _EXACT_WORDS
     seg_bytes = 16 * rows * plan.splits if plan.splits > 1 else 0
-    return part_off, block_off, seg_off, seg_off + seg_bytes
-
-
-def _slots_layout(plan):
-    """Row batches: the byte offset of the chunks' slots in a buffer that is all zeros between
-    launches, after the sum blocks' counts, and its bytes; the slots come in pairs (16-byte loads).
-    Every launch leaves that buffer at zero, whatever its plan, so any plan may reuse it."""
-    if not plan.batch_rows:
-        return 0, 0
-    slots_off = _up16(4 * _counted_sum_blocks(plan))
-    return slots_off, slots_off + _up16(8 * plan.chunks)
+    return exact_off, seg_off, seg_off + seg_bytes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1399,7 +1296,12 @@ def _slots_layout(plan):
 def _nvcc_flags(arch_flags):
     return ["-O3", "-std=c++17", f"-DCE_THREADS={_THREADS}", f"-DCE_CTAS_PER_SM={_CTAS_PER_SM}", f"-DCE_BATCH={_BATCH}",
             f"-DCE_TILE_TARGETS={_TILE_TARGETS}", f"-DCE_SEG_SLAB={_SEG_SLAB}", f"-DCE_ROW_BATCH_LOADS={_ROW_BATCH_LOADS}",
-            f"-DCE_SUM_BLOCK={_SUM_BLOCK}", f"-DCE_SUM_TAIL_BLOCKS={_SUM_TAIL_BLOCKS}", *arch_flags]
+            f"-DCE_EXACT_WORDS={_EXACT_WORDS}", *arch_flags]
+
+
+def _build_options():
+    """The kernel needs no torch headers: where load_inline can leave them out, a cold build is shorter."""
+    return {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
 
 
 def _load_extension():
@@ -1409,9 +1311,6 @@ def _load_extension():
     if major < 8:
         raise RuntimeError(f"the cross-entropy kernel needs compute capability 8.0 or newer; this GPU has {major}.{minor}")
     arch = f"{major}{minor}"
-    options = {}
-    if "no_implicit_headers" in inspect.signature(load_inline).parameters:
-        options["no_implicit_headers"] = True
     return load_inline(
         name=f"kb95_cross_entropy_sm{arch}",
         cpp_sources=[_CPP_SRC],
@@ -1419,7 +1318,7 @@ def _load_extension():
         extra_cflags=["-O2"],
         extra_cuda_cflags=_nvcc_flags([f"-gencode=arch=compute_{arch},code=sm_{arch}"]),
         verbose=False,
-        **options,
+        **_build_options(),
     )
 
 
@@ -1427,7 +1326,7 @@ _ext = _load_extension()
 
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _TARGET_DTYPES = (torch.int64, torch.int32)
-_workspaces = {}  # (device index, stream, zeros) -> int32 tensor; its counters (with zeros, all of it) back at zero
+_workspaces = {}  # (device index, stream) -> int32 tensor whose counters and exact sum are back at zero
 
 
 @functools.lru_cache(maxsize=None)
@@ -1435,10 +1334,9 @@ def _device_properties(device_index):
     return torch.cuda.get_device_properties(device_index)
 
 
-def _workspace(device, stream, nbytes, zeros=False):
-    """Scratch for one launch: per stream, so concurrent streams never share a counter. With zeros,
-    the buffer that launches leave all zero (the row-batch kernel's slots and counts)."""
-    key = (device.index, stream.cuda_stream, zeros)
+def _workspace(device, stream, nbytes):
+    """Scratch for one launch: per stream, so concurrent streams never share a counter."""
+    key = (device.index, stream.cuda_stream)
     ws = _workspaces.get(key)
     if ws is not None and ws.numel() * 4 >= nbytes:
         return ws
@@ -1499,17 +1397,14 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
         _first_bad_target(targets, cols)
     device = logits.device
     plan, evict_first = _plan_for(logits)
-    part_off, block_off, seg_off, nbytes = _workspace_layout(plan, rows)
-    slots_off, zeros_bytes = _slots_layout(plan)
+    exact_off, seg_off, nbytes = _workspace_layout(plan, rows)
     stream = torch.cuda.current_stream(device)
-    # Both held until the launch: inside graph capture they are not cached, and a buffer freed there
-    # would be handed to the next allocation of the capture.
+    # Held until the launch: inside graph capture it is not cached, and a buffer freed there would be
+    # handed to the next allocation of the capture.
     ws = _workspace(device, stream, nbytes)
-    ws_zeros = _workspace(device, stream, zeros_bytes, zeros=True) if zeros_bytes else None
-    base, zeros = ws.data_ptr(), (ws_zeros.data_ptr() if ws_zeros is not None else 0)
+    base = ws.data_ptr()
     out = torch.empty((), dtype=logits.dtype, device=device)
-    _ext.launch(logits.data_ptr(), targets.data_ptr(), out.data_ptr(), base, base + part_off, base + seg_off,
-                zeros + slots_off, zeros, base + block_off,
+    _ext.launch(logits.data_ptr(), targets.data_ptr(), out.data_ptr(), base, base + exact_off, base + seg_off,
                 rows, cols, logits.stride(0), targets.stride(0) if rows else 1,
                 _DTYPE_CODES[logits.dtype], targets.element_size(),
                 plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks, plan.tile_rows, plan.batch_rows,

@@ -153,36 +153,14 @@ def test_long_rows_are_claimed_a_round_at_a_time_and_short_rows_are_shared_out()
     assert short.tile_rows == 0 and short.rounds > 1 and short.chunks == short.grid
 
 
-@pytest.mark.parametrize("rows, cols", [(1, 3), (5, 4096), (70000, 3), (70000, 4096), (5, 300000), (32768, 4096),
-                                        (32769, 4096)])
+@pytest.mark.parametrize("rows, cols", [(1, 3), (5, 4096), (70000, 3), (70000, 4096), (5, 300000), (32768, 4096)])
 def test_workspace_layouts_are_aligned(rows, cols):
     p = _plan(rows, cols, cols, 4, 132, False)
-    part_off, block_off, seg_off, nbytes = model_new._workspace_layout(p, rows)
-    assert part_off >= 16 and part_off % 16 == 0 and block_off % 16 == 0 and seg_off % 16 == 0  # the counters first
-    if p.splits == 1 and not p.batch_rows:  # a float per chunk, read as float4
-        assert block_off >= part_off + 4 * p.chunks
-    assert nbytes >= seg_off >= block_off
-    if p.splits > 1:
-        assert nbytes >= seg_off + 16 * rows * p.splits
-    slots_off, zeros_bytes = model_new._slots_layout(p)
-    if p.batch_rows:  # a double per counted sum block; a count each, then the chunks' slots in pairs
-        blocks = model_new._counted_sum_blocks(p)
-        assert blocks == max(0, -(-p.chunks // model_new._SUM_BLOCK) - model_new._SUM_TAIL_BLOCKS)
-        assert seg_off >= block_off + 8 * blocks
-        assert slots_off >= 4 * blocks and slots_off % 16 == 0 and zeros_bytes >= slots_off + 8 * (p.chunks + p.chunks % 2)
-    else:
-        assert zeros_bytes == 0
-
-
-def test_sum_blocks_fit_the_last_ctas_round():
-    """A warp loads a sum block's slots at once, 16 bytes a lane at a time; the last CTA loads the
-    counted blocks' sums and the last blocks' slot pairs in whole rounds of its threads, one round at
-    the headline shapes."""
-    block, tail, threads = model_new._SUM_BLOCK, model_new._SUM_TAIL_BLOCKS, model_new._THREADS
-    assert block % 256 == 0 and block & (block - 1) == 0 and tail * block % (2 * threads) == 0
-    for elem_bytes in (4, 2):
-        p = _plan(32768, 4096, 4096, elem_bytes, 132, False)
-        assert p.batch_rows and 0 < model_new._counted_sum_blocks(p) <= threads
+    exact_off, seg_off, nbytes = model_new._workspace_layout(p, rows)
+    # The counters first (16 bytes), then the exact sum's words, read 16 bytes at a time.
+    assert exact_off == 16 and model_new._EXACT_WORDS % 2 == 0
+    assert seg_off >= exact_off + 8 * model_new._EXACT_WORDS and seg_off % 16 == 0
+    assert nbytes == seg_off + (16 * rows * p.splits if p.splits > 1 else 0)
 
 
 def test_evict_first_loads_for_reads_of_a_few_l2_sizes_and_16_bit_row_batches():
