@@ -1269,14 +1269,15 @@ def _evict_first(logit_bytes, l2_bytes, elem_bytes, row_batches):
     return logit_bytes <= _EVICT_FIRST_L2S * l2_bytes or (row_batches and elem_bytes == 2)
 
 
-def _plan_for(logits):
-    """The launch plan for 2-D logits on their GPU, and whether it reads them evict-first."""
-    gpu = _device_properties(logits.device.index)
-    rows, cols = logits.shape
-    elem_bytes, aligned = logits.element_size(), logits.data_ptr() % 16 == 0
-    row_batches = _batch_rows(rows, cols, logits.stride(0), elem_bytes, gpu.multi_processor_count, aligned) > 0
+@functools.lru_cache(maxsize=1024)
+def _plan_on(device_index, rows, cols, row_stride, elem_bytes, aligned):
+    """The launch plan for (rows, cols) logits as _plan takes them, on GPU device_index, and whether
+    it reads them evict-first. Cached, because the host's time per call shows in KernelBench's
+    timing (see _cross_entropy_mean); a test that changes the policy clears it."""
+    gpu = _device_properties(device_index)
+    row_batches = _batch_rows(rows, cols, row_stride, elem_bytes, gpu.multi_processor_count, aligned) > 0
     evict_first = _evict_first(rows * cols * elem_bytes, gpu.L2_cache_size, elem_bytes, row_batches)
-    plan = _plan(rows, cols, logits.stride(0), elem_bytes, gpu.multi_processor_count, evict_first, aligned)
+    plan = _plan(rows, cols, row_stride, elem_bytes, gpu.multi_processor_count, evict_first, aligned)
     return plan, evict_first
 
 
@@ -1334,45 +1335,57 @@ def _device_properties(device_index):
     return torch.cuda.get_device_properties(device_index)
 
 
-def _workspace(device, stream, nbytes):
+# The current stream's handle as an integer: torch's raw accessor takes 0.1 us where
+# torch.cuda.current_stream(device).cuda_stream takes 3-5 (H100 host); the public spelling where a
+# torch lacks it.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_stream(device_index):
+    return _raw_stream(device_index) if _raw_stream else torch.cuda.current_stream(device_index).cuda_stream
+
+
+def _workspace(device_index, stream, nbytes):
     """Scratch for one launch: per stream, so concurrent streams never share a counter."""
-    key = (device.index, stream.cuda_stream)
+    key = (device_index, stream)
     ws = _workspaces.get(key)
     if ws is not None and ws.numel() * 4 >= nbytes:
         return ws
     # Zeroed once here; every launch leaves its counters at zero again. Inside graph capture the
     # zeroing becomes part of the graph, and the buffer lives only as long as the graph needs it.
-    ws = torch.zeros(-(-nbytes // 4), dtype=torch.int32, device=device)
+    ws = torch.zeros(-(-nbytes // 4), dtype=torch.int32, device=device_index)
     if not torch.cuda.is_current_stream_capturing():
         _workspaces[key] = ws
     return ws
 
 
 def _check_inputs(logits, targets):
+    # Each tensor attribute is read once or twice: this runs on every call, ahead of the launch.
     if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
         raise TypeError("cross_entropy expects two tensors: logits and class-index targets")
     if logits.dtype not in _DTYPE_CODES:
         raise TypeError(f"logits must be float32, bfloat16 or float16; got {logits.dtype}")
-    if targets.dtype.is_floating_point:
-        raise TypeError("targets must be int64 or int32 class indices; "
-                        f"got {targets.dtype} (class-probability targets are not supported)")
     if targets.dtype not in _TARGET_DTYPES:
+        if targets.dtype.is_floating_point:
+            raise TypeError("targets must be int64 or int32 class indices; "
+                            f"got {targets.dtype} (class-probability targets are not supported)")
         raise TypeError(f"targets must be int64 or int32 class indices; got {targets.dtype}")
-    if logits.device.type != "cuda" or targets.device.type != "cuda":
+    if not (logits.is_cuda and targets.is_cuda):
         raise ValueError(f"logits and targets must be CUDA tensors; got {logits.device} and {targets.device}")
-    if logits.device != targets.device:
+    if logits.get_device() != targets.get_device():
         raise ValueError(f"logits and targets are on different devices: {logits.device} and {targets.device}")
-    if logits.dim() not in (1, 2):
-        raise ValueError(f"logits must have shape (N, C) or (C,); got {tuple(logits.shape)}")
-    if targets.dim() != logits.dim() - 1:
+    shape, target_shape = logits.shape, targets.shape
+    if len(shape) not in (1, 2):
+        raise ValueError(f"logits must have shape (N, C) or (C,); got {tuple(shape)}")
+    if len(target_shape) != len(shape) - 1:
         raise ValueError(f"targets must have shape (N,) for logits (N, C), or () for logits (C,); "
-                         f"got {tuple(targets.shape)} for {tuple(logits.shape)}")
-    if logits.dim() == 2 and targets.shape[0] != logits.shape[0]:
-        raise ValueError(f"batch sizes differ: logits have {logits.shape[0]} rows, targets {targets.shape[0]}")
-    if logits.shape[-1] == 0:
+                         f"got {tuple(target_shape)} for {tuple(shape)}")
+    if len(shape) == 2 and target_shape[0] != shape[0]:
+        raise ValueError(f"batch sizes differ: logits have {shape[0]} rows, targets {target_shape[0]}")
+    if shape[-1] == 0:
         raise ValueError("logits have no classes (C = 0)")
-    if logits.shape[-1] > _MAX_SEG * _SEG_SLAB:
-        raise ValueError(f"logits have {logits.shape[-1]} classes; at most {_MAX_SEG * _SEG_SLAB} are supported")
+    if shape[-1] > _MAX_SEG * _SEG_SLAB:
+        raise ValueError(f"logits have {shape[-1]} classes; at most {_MAX_SEG * _SEG_SLAB} are supported")
     if _ext is None:
         raise RuntimeError("the cross-entropy extension was not built: no CUDA device was visible at import")
 
@@ -1386,6 +1399,13 @@ def _first_bad_target(targets, cols):
                          f"and is not the ignore index {_IGNORE_INDEX}")
 
 
+# KernelBench's timing starts before the call and ends after the kernel, with an L2 flush of about
+# 90 us queued ahead of both: host work that outlasts the flush shows in the time. At 41 us a call
+# it did in about one trial of ten (H100: 32768 x 4096 fp32 mean 184.3-186.5 us, p90 191-197,
+# where the same launches replayed from a CUDA graph took 182.3-182.5); at this dispatch's 20 us
+# (the module call included) the mean is the graph's (182.4, p90 183.1). So the dispatch reads
+# each tensor attribute once, plans once per problem (_plan_on), and asks torch for the raw stream
+# handle.
 def _cross_entropy_mean(logits, targets, check_targets=False):
     _check_inputs(logits, targets)
     if logits.dim() == 1:
@@ -1395,20 +1415,19 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
     rows, cols = logits.shape
     if check_targets:
         _first_bad_target(targets, cols)
-    device = logits.device
-    plan, evict_first = _plan_for(logits)
+    index, row_stride, logits_ptr, elem_bytes = logits.get_device(), logits.stride(0), logits.data_ptr(), logits.element_size()
+    plan, evict_first = _plan_on(index, rows, cols, row_stride, elem_bytes, logits_ptr % 16 == 0)
     exact_off, seg_off, nbytes = _workspace_layout(plan, rows)
-    stream = torch.cuda.current_stream(device)
+    stream = _current_stream(index)
     # Held until the launch: inside graph capture it is not cached, and a buffer freed there would be
     # handed to the next allocation of the capture.
-    ws = _workspace(device, stream, nbytes)
+    ws = _workspace(index, stream, nbytes)
     base = ws.data_ptr()
-    out = torch.empty((), dtype=logits.dtype, device=device)
-    _ext.launch(logits.data_ptr(), targets.data_ptr(), out.data_ptr(), base, base + exact_off, base + seg_off,
-                rows, cols, logits.stride(0), targets.stride(0) if rows else 1,
-                _DTYPE_CODES[logits.dtype], targets.element_size(),
-                plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks, plan.tile_rows, plan.batch_rows,
-                evict_first, plan.grid, device.index, stream.cuda_stream)
+    out = torch.empty((), dtype=logits.dtype, device=logits.device)
+    _ext.launch(logits_ptr, targets.data_ptr(), out.data_ptr(), base, base + exact_off, base + seg_off,
+                rows, cols, row_stride, targets.stride(0) if rows else 1, _DTYPE_CODES[logits.dtype],
+                targets.element_size(), plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks,
+                plan.tile_rows, plan.batch_rows, evict_first, plan.grid, index, stream)
     return out
 
 

@@ -24,6 +24,27 @@ def model():
     return model_new.ModelNew()
 
 
+@pytest.fixture
+def policy(monkeypatch):
+    """Replaces one of model_new's launch-policy functions for a test. The plans it caches per
+    problem are dropped on the way in and on the way out, so that no test sees another's."""
+    import model_new
+    cached = model_new._plan_on  # itself replaceable
+
+    def replace(name, value):
+        monkeypatch.setattr(model_new, name, value)
+        cached.cache_clear()
+    yield replace
+    cached.cache_clear()
+
+
+def plan_for(x):
+    """The plan and load kind the dispatch takes for 2-D logits x."""
+    import model_new
+    rows, cols = x.shape
+    return model_new._plan_on(x.get_device(), rows, cols, x.stride(0), x.element_size(), x.data_ptr() % 16 == 0)
+
+
 def assert_matches(out, x, t):
     assert out.shape == () and out.dtype == x.dtype and out.device == x.device
     ref = reference(x, t)
@@ -77,9 +98,8 @@ def evict_first_kernel(name):
 @pytest.mark.parametrize("rows, cols", [PATHS["tiled"], (300, 1000), PATHS["registers"], (16, 256000), (257, 4099),
                                         PATHS["row batches"]],
                          ids=["tiled", "tiled-long", "registers", "split", "unaligned", "row-batches"])
-def test_both_kinds_of_load(model, monkeypatch, rows, cols, dtype, tdtype, evict_first):
-    import model_new
-    monkeypatch.setattr(model_new, "_evict_first", lambda *_: evict_first)
+def test_both_kinds_of_load(model, policy, rows, cols, dtype, tdtype, evict_first):
+    policy("_evict_first", lambda *_: evict_first)
     x, t = logits(rows, cols, dtype), targets(rows, cols, tdtype)
     out = []
     name = launched_kernel(lambda: out.append(model(x, t)))
@@ -123,13 +143,12 @@ def spread_columns(rows, cols):
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("rows, cols", [(2000, 2000), (3000, 3000), (4099, 4099), (2000, 20000)])
-def test_target_logit_taken_from_every_position(model, monkeypatch, rows, cols, dtype, evict_first):
+def test_target_logit_taken_from_every_position(model, policy, rows, cols, dtype, evict_first):
     """Rows in registers take the target logit out of the stream, in the lane that reads it. Targets
     at every column (or both ends and a spread) put it in every lane, vector, element and warp of a
     group (32 to 256 threads per row), and in the scalar edges of rows off the 16-byte grid. The
     load kind picks the group size (_plan), so both run."""
-    import model_new
-    monkeypatch.setattr(model_new, "_evict_first", lambda *_: evict_first)
+    policy("_evict_first", lambda *_: evict_first)
     t = spread_columns(rows, cols)
     for name, x in [("aligned", logits(rows, cols, dtype))] + views(rows, cols, dtype)[:2]:
         x = spiked(x, t)
@@ -138,14 +157,13 @@ def test_target_logit_taken_from_every_position(model, monkeypatch, rows, cols, 
 
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-def test_row_batches(model, monkeypatch, dtype, evict_first):
+def test_row_batches(model, policy, dtype, evict_first):
     """Rows that fill a CTA batch exactly go to the row-batch kernel: one fp32 row or two 16-bit rows
     of 4096 columns a batch, here 4001 of them, so the last batch has a row missing, contiguous and
     padded to a row stride on the 16-byte grid. Targets at both ends and a spread of columns put the
     target logit in every warp of a row; then a -inf target logit, a bad target, a NaN and ignored
     rows, each as PyTorch gives them."""
-    import model_new
-    monkeypatch.setattr(model_new, "_evict_first", lambda *_: evict_first)
+    policy("_evict_first", lambda *_: evict_first)
     rows, cols = 4001, 4096
     t = spread_columns(rows, cols)
     for x in (logits(rows, cols, dtype), logits(rows, cols + 8, dtype)[:, :cols]):
@@ -171,7 +189,7 @@ def test_row_batches(model, monkeypatch, dtype, evict_first):
 
 @pytest.mark.parametrize("rows, cols, dtype", [(4097, 4096, torch.float32), (4001, 4096, torch.bfloat16),
                                                (3000, 1000, torch.float32), (300, 5000, torch.float16)])
-def test_exact_sum_is_the_same_in_any_schedule(model, monkeypatch, rows, cols, dtype):
+def test_exact_sum_is_the_same_in_any_schedule(model, monkeypatch, policy, rows, cols, dtype):
     """Chunks add their losses to the exact sum in whatever order CTAs finish them; any grid, so any
     schedule, must give the same bits, and every launch must leave the counters and the exact sum at
     zero for the next. Row batches (fp32 and bf16), tiles of short rows, rows in registers."""
@@ -179,14 +197,14 @@ def test_exact_sum_is_the_same_in_any_schedule(model, monkeypatch, rows, cols, d
     monkeypatch.setattr(model_new, "_workspaces", {})  # its own buffer, which is inspected
     x, t = logits(rows, cols, dtype), targets(rows, cols)
     t[::5] = -100
-    plan, evict_first = model_new._plan_for(x)
+    plan, evict_first = plan_for(x)
     first = model(x, t)
     assert_matches(first, x, t)
     ws = model_new._workspaces[(0, torch.cuda.current_stream().cuda_stream)]
     exact_off, _, _ = model_new._workspace_layout(plan, rows)
     used = (exact_off + 8 * model_new._EXACT_WORDS) // 4
     for grid in (2, 3, 37, plan.grid // 2, plan.grid):
-        monkeypatch.setattr(model_new, "_plan_for", lambda logits: (plan._replace(grid=grid), evict_first))
+        policy("_plan_on", lambda *_: (plan._replace(grid=grid), evict_first))
         for _ in range(2):
             assert torch.equal(model(x, t), first), grid
             assert not ws[:used].any()
@@ -267,10 +285,9 @@ def test_exact_sum_is_exact(exact_sum_of):
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_target_logit_at_segment_boundaries(model, dtype):
     """Rows split across CTAs: a target on either side of every segment boundary, and at both ends."""
-    import model_new
     rows, cols = 4, 300001
     for name, x in [("aligned", logits(rows, cols, dtype))] + views(rows, cols, dtype)[:2]:
-        plan, _ = model_new._plan_for(x)
+        plan, _ = plan_for(x)
         assert plan.splits > 1
         cuts = [k * plan.seg_len + d for k in range(1, plan.splits) for d in (-1, 0)] + [0, cols - 1]
         for i in range(0, len(cuts), rows):
@@ -280,7 +297,7 @@ def test_target_logit_at_segment_boundaries(model, dtype):
 
 
 @pytest.mark.parametrize("rows, cols", [(100, 400000), (1, 2**22)])
-def test_segments_merged_a_slab_at_a_time(model, monkeypatch, rows, cols):
+def test_segments_merged_a_slab_at_a_time(model, policy, rows, cols):
     """On a GPU of many SMs rows split further than on this one: more segment partials than the last
     CTA stages at once (100 rows in 30 segments each, 6 slabs), or a row in the most segments (512,
     16 per lane). Planned here for 1000 SMs and launched on this GPU, whose CTAs claim the chunks."""
@@ -288,11 +305,11 @@ def test_segments_merged_a_slab_at_a_time(model, monkeypatch, rows, cols):
     import model_new
     gpu = model_new._device_properties(torch.cuda.current_device())
     many = types.SimpleNamespace(multi_processor_count=1000, L2_cache_size=gpu.L2_cache_size)
-    monkeypatch.setattr(model_new, "_device_properties", lambda _: many)
+    policy("_device_properties", lambda _: many)
     x, t = logits(rows, cols, torch.float32), targets(rows, cols)
     if rows > 1:
         t[rows // 3] = -100
-    plan, _ = model_new._plan_for(x)
+    plan, _ = plan_for(x)
     assert rows * plan.splits > model_new._SEG_SLAB or plan.splits == model_new._SEG_SLAB
     assert_matches(model(x, t), x, t)
 
@@ -496,6 +513,7 @@ def test_cuda_graph_capture(model, rows, cols, warm):
 
 
 def test_side_streams(model):
+    import model_new
     xs = [logits(2048, 4096, torch.float32) for _ in range(2)]
     ts = [targets(2048, 4096) for _ in range(2)]
     expected = [model(x, t) for x, t in zip(xs, ts)]
@@ -506,6 +524,7 @@ def test_side_streams(model):
     for _ in range(10):  # both streams in flight at once, each with its own workspace
         for s, x, t in zip(streams, xs, ts):
             with torch.cuda.stream(s):
+                assert model_new._current_stream(0) == s.cuda_stream  # the launch's stream
                 outs.append(model(x, t))
     torch.cuda.synchronize()
     for i, out in enumerate(outs):
