@@ -911,7 +911,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
 // (a register copy of a load in flight waits for it). Each warp reduces its share of its row with
 // butterflies and leaves (m, s) in shared memory, and the thread that holds the target logit leaves
 // it beside them. After the chunk's one barrier a single warp, a different one each chunk, merges
-// the rows and stores the chunk's loss sum, while the others stream on.
+// the rows and adds the chunk's loss sum to the exact sum, while the others stream on.
 constexpr int kRowBatchLoads = CE_ROW_BATCH_LOADS;  // 16-byte loads per thread and batch
 constexpr int kTargetPast = -3;    // a row of the last chunk past the last row
 
@@ -1000,9 +1000,8 @@ struct ChunkCursor {
 };
 
 // One chunk: claim the chunk after next, issue the next one's loads, reduce this one's rows, and
-// after the barrier merge them in one warp. A
-// function, not a lambda, so that it is inlined at both of its calls and the batches stay in
-// registers (as a lambda it kept them on the stack).
+// after the barrier merge them in one warp. A function, not a lambda, so that it is inlined at both
+// of its calls and the batches stay in registers (as a lambda it kept them on the stack).
 template <class Batch>
 __device__ __forceinline__ void row_batch_step(const Params& p, const Batch& cur, Batch& next, int parity,
                                                ChunkCursor& at) {
@@ -1189,7 +1188,6 @@ def _batch_rows(rows, cols, row_stride, elem_bytes, num_sms, aligned):
     return batch_rows
 
 
-@functools.lru_cache(maxsize=512)
 def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True):
     """Launch shape for an (rows, cols) problem with elem_bytes-wide logits, row_stride elements
     apart, on num_sms SMs, read with evict-first loads or plain ones (_evict_first); aligned: the
