@@ -97,6 +97,7 @@ struct Params {
   int splits, seg_len, group, chunk_rounds;
   int tile_rows;               // rows per tile where short rows are staged in shared memory; else 0
   int batch_rows;              // rows per chunk where they fill a CTA batch exactly (1 or 2); else 0
+  bool one_row;                // a lone row of up to a batch per thread: the one-row kernel, on `group` threads
   int target_bytes;            // 8 (int64) or 4 (int32)
 };
 
@@ -1038,10 +1039,80 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_row_b
   store_mean<E>(p, whole_rows_total(p));
 }
 
+// ------------------------------------------------------------------ one row
+// A lone row (logits of shape (C,), or N = 1) of up to 128 KB is latency, not bandwidth: one
+// CTA holds all of it in registers, one batch per thread, so the row costs one round trip, a few
+// hundred instructions and one barrier. Through the general kernel a row of 16 KB waited for its
+// target before its loads and ran some 600 instructions of setup per warp (items, claims), and one
+// of 64-128 KB was split across CTAs whose partials a last CTA merged; both ended 1-3 us later
+// (bench/PERF.md, session 15). Here the target's load and the row's go out together and nothing
+// stands before them, and the mean of one row is its loss, so there is no sum to keep.
+// blockDim.x threads (whole warps, a power of two) take the row's whole vectors threadIdx.x +
+// u * blockDim.x, and the few elements outside them (align_stretch) one each.
+constexpr int kOneRowThreads = CE_ONE_ROW_THREADS;
+
+template <class E>
+__global__ void __launch_bounds__(kOneRowThreads) cross_entropy_mean_one_row_kernel(const Params p) {
+  __shared__ float2 warp_state[kOneRowThreads / 32];
+  __shared__ float x_target;
+  // The target as two 32-bit words, as in RowBatch: one instance for both target widths.
+  const uint32_t* t = static_cast<const uint32_t*>(p.targets);
+  const uint32_t target_lo = t[0], target_hi = t[p.target_bytes / 4 - 1];
+  const auto* row = static_cast<const typename E::Storage*>(p.logits);
+  const int cols = int(p.cols);
+  const Aligned cut = align_stretch<E>(row, cols);
+  const uint4* body = reinterpret_cast<const uint4*>(row + cut.head);
+  const uint4 neg_inf = make_uint4(E::kNegInfWord, E::kNegInfWord, E::kNegInfWord, E::kNegInfWord);
+  uint4 vec[kBatch];
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int i = threadIdx.x + u * blockDim.x;
+    vec[u] = i < cut.nvec ? body[i] : neg_inf;  // -inf adds exp(-inf) = 0
+  }
+  const int nedge = cols - cut.nvec * E::kPerVec;  // at most 2 * (kPerVec - 1): fewer than 32
+  const float edge = int(threadIdx.x) < nedge ? load_scalar<E>(row + edge_element<E>(cut, threadIdx.x)) : -INFINITY;
+
+  const float m = lanes_max(fmaxf(vectors_max<E>(vec), edge), 32);
+  const float base = safe_base(m);
+  const float s = warp_sum(vectors_sum_exp<E>(vec, base, exp2_approx((edge - base) * kLog2e)));
+  if ((threadIdx.x & 31) == 0) warp_state[threadIdx.x >> 5] = make_float2(m, s);
+
+  // The thread that holds the target logit leaves it in shared memory.
+  const long long target = p.target_bytes == 8 ? (long long)(uint64_t(target_hi) << 32 | target_lo) : (long long)int(target_lo);
+  const int code = target_code(target, p.cols);
+  const int c = code - cut.head;  // the target's place in the whole vectors
+  if (code >= 0 && c >= 0 && c < cut.nvec * E::kPerVec) {
+    const int shift = __ffs(blockDim.x) - 1, v = c / E::kPerVec;
+    if ((v & (blockDim.x - 1)) == threadIdx.x) {
+      const uint32_t slot = uint32_t(v >> shift);
+      uint4 q = make_uint4(0u, 0u, 0u, 0u);  // masks, not vec[slot]: see RowBatch::reduce
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const uint32_t keep = 0u - uint32_t(slot == uint32_t(u));
+        q = make_uint4(q.x | (vec[u].x & keep), q.y | (vec[u].y & keep), q.z | (vec[u].z & keep), q.w | (vec[u].w & keep));
+      }
+      x_target = E::at(q, c % E::kPerVec);
+    }
+  } else if (code >= 0 && int(threadIdx.x) == edge_number<E>(cut, code)) {
+    x_target = edge;
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 32) {
+    const int w = threadIdx.x;
+    const float2 part = w < int(blockDim.x >> 5) ? warp_state[w] : make_float2(-INFINITY, 0.f);
+    Lse st = {part.x, part.y};
+    lse_reduce_lanes(st, kOneRowThreads / 32);
+    // An ignored target leaves no row to average (0 / 0), a bad one is NaN: both NaN, as in PyTorch.
+    if (w == 0) E::store(p.out, code >= 0 ? row_loss(st, x_target) : __int_as_float(0x7fc00000));
+  }
+}
+
 template <class E, class Target, bool kEvictFirst>
 void launch_typed(const Params& p, int grid, cudaStream_t stream) {
   const size_t seg_smem = p.splits > 1 ? kSegSlab * sizeof(float4) + kThreads * sizeof(int) : 0;
-  if (p.batch_rows == 1) cross_entropy_mean_row_batch_kernel<E, 1, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  if (p.one_row) cross_entropy_mean_one_row_kernel<E><<<1, p.group, 0, stream>>>(p);
+  else if (p.batch_rows == 1) cross_entropy_mean_row_batch_kernel<E, 1, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   else if (p.batch_rows == 2) cross_entropy_mean_row_batch_kernel<E, 2, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   else if (p.tile_rows > 0) cross_entropy_mean_kernel<E, Target, true, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   else cross_entropy_mean_kernel<E, Target, false, kEvictFirst><<<grid, kThreads, seg_smem, stream>>>(p);
@@ -1066,7 +1137,7 @@ void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t ou
                                uintptr_t exact, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
                                int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks,
-                               int64_t tile_rows, int64_t batch_rows, bool evict_first, int64_t grid, int64_t device, uintptr_t stream) {
+                               int64_t tile_rows, int64_t batch_rows, bool one_row, bool evict_first, int64_t grid, int64_t device, uintptr_t stream) {
   Params p;
   p.logits = reinterpret_cast<const void*>(logits);
   p.targets = reinterpret_cast<const void*>(targets);
@@ -1087,6 +1158,7 @@ void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t ou
   p.group = int(group);
   p.tile_rows = int(tile_rows);
   p.batch_rows = int(batch_rows);
+  p.one_row = one_row;
   p.target_bytes = int(target_bytes);
 
   int previous = 0;
@@ -1111,7 +1183,7 @@ void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t ou
                                uintptr_t exact, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
                                int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks,
-                               int64_t tile_rows, int64_t batch_rows, bool evict_first, int64_t grid, int64_t device, uintptr_t stream);
+                               int64_t tile_rows, int64_t batch_rows, bool one_row, bool evict_first, int64_t grid, int64_t device, uintptr_t stream);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("launch", &launch_cross_entropy_mean, "Launch the fused cross-entropy-mean kernel (raw pointers).");
@@ -1137,6 +1209,7 @@ _EVICT_FIRST_TILE_MIN_ROW = 512   # ... at least this many bytes
 _ROW_BATCH_LOADS = 4            # 16-byte loads per thread and batch of the row-batch kernel (kRowBatchLoads)
 _ROW_BATCH_VECS = _THREADS * _ROW_BATCH_LOADS  # its CTA batch, in 16-byte vectors
 _ROW_BATCH_MIN_CHUNKS = 4       # ... taken where every CTA gets at least this many batches
+_ONE_ROW_THREADS = 1024        # the one-row kernel's most threads (kOneRowThreads), each with a batch of the row
 _EXACT_WORDS = 10               # 64-bit words of the exact sum: 9 digits and the flags (the kernel's kExactWords)
 _IGNORE_INDEX = -100
 
@@ -1150,6 +1223,7 @@ class _Plan(NamedTuple):
     chunks: int  # work units the CTAs claim: `rounds` items per group of a CTA, or a tile
     tile_rows: int = 0  # short rows: rows per tile staged through shared memory; 0: rows in registers
     batch_rows: int = 0  # rows that fill a CTA batch exactly: rows per chunk (1 or 2); 0: another layout
+    one_row: bool = False  # a lone row, one batch per thread at most: the one-row kernel on `group` threads
 
 
 def _pow2_at_least(x):
@@ -1194,6 +1268,13 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
     first logit lies on the 16-byte grid."""
     per_vec = 16 // elem_bytes
     max_grid = num_sms * _CTAS_PER_SM
+    whole_vecs = cols // per_vec  # at most, wherever the row starts
+    if rows == 1 and whole_vecs <= _ONE_ROW_THREADS * _BATCH:
+        # A lone row of up to 128 KB: one CTA of as many threads as hold a batch of it each. It took
+        # 1 x 4096 in 4.5-4.8 us against 5.7-5.8 through the general kernel (read: 3.8), and rows of
+        # 64-128 KB in 5.2-7.2 us against 8.0-9.1 split across CTAs (bench/PERF.md, session 15).
+        threads = max(32, _pow2_at_least(-(-whole_vecs // _BATCH)))
+        return _Plan(1, threads, 1, -(-cols // per_vec) * per_vec, 1, 1, one_row=True)
     batch_rows = _batch_rows(rows, cols, row_stride, elem_bytes, num_sms, aligned)
     if batch_rows:
         return _Plan(max_grid, _THREADS, 1, cols, 1, -(-rows // batch_rows), 0, batch_rows)
@@ -1295,7 +1376,7 @@ def _workspace_layout(plan, rows):
 def _nvcc_flags(arch_flags):
     return ["-O3", "-std=c++17", f"-DCE_THREADS={_THREADS}", f"-DCE_CTAS_PER_SM={_CTAS_PER_SM}", f"-DCE_BATCH={_BATCH}",
             f"-DCE_TILE_TARGETS={_TILE_TARGETS}", f"-DCE_SEG_SLAB={_SEG_SLAB}", f"-DCE_ROW_BATCH_LOADS={_ROW_BATCH_LOADS}",
-            f"-DCE_EXACT_WORDS={_EXACT_WORDS}", *arch_flags]
+            f"-DCE_EXACT_WORDS={_EXACT_WORDS}", f"-DCE_ONE_ROW_THREADS={_ONE_ROW_THREADS}", *arch_flags]
 
 
 def _build_options():
@@ -1425,7 +1506,7 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
     _ext.launch(logits_ptr, targets.data_ptr(), out.data_ptr(), base, base + exact_off, base + seg_off,
                 rows, cols, row_stride, targets.stride(0) if rows else 1, _DTYPE_CODES[logits.dtype],
                 targets.element_size(), plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks,
-                plan.tile_rows, plan.batch_rows, evict_first, plan.grid, index, stream)
+                plan.tile_rows, plan.batch_rows, plan.one_row, evict_first, plan.grid, index, stream)
     return out
 
 

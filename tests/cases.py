@@ -4,14 +4,15 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # (rows, cols): the headline shape, widths that are not a multiple of any vector width, rows split
-# across CTAs (16 x 256000), one row, one class, and short rows read in shared-memory tiles, a
-# thread per row at 10 columns (1000000 x 10: tiles of 1024 rows, and CTAs take several).
+# across CTAs (16 x 256000), one row (1 x 32003: a CTA of 1024 threads in fp32), one class, and
+# short rows read in shared-memory tiles, a thread per row at 10 columns (1000000 x 10: tiles of
+# 1024 rows, and CTAs take several).
 SHAPES = [(32768, 4096), (4001, 4096), (4096, 129), (1000, 10), (1000000, 10), (257, 4099), (16, 256000),
-          (3, 100003), (1, 4096), (1, 1), (5, 1), (2, 3), (0, 17)]
+          (3, 100003), (1, 4096), (1, 32003), (1, 1), (5, 1), (2, 3), (0, 17)]
 
-# A shape for each of the kernel's paths: short rows in shared-memory tiles, rows in registers,
-# rows that fill a CTA batch (test_plan checks that they take them, in every dtype).
-PATHS = {"tiled": (512, 77), "registers": (64, 5000), "row batches": (4000, 4096)}
+# A shape for each of the kernels' paths: short rows in shared-memory tiles, rows in registers,
+# rows that fill a CTA batch, a lone row (test_plan checks that they take them, in every dtype).
+PATHS = {"tiled": (512, 77), "registers": (64, 5000), "row batches": (4000, 4096), "one row": (1, 4096)}
 
 
 def logits(rows, cols, dtype, device="cuda", scale=4.0):

@@ -368,8 +368,10 @@ def special_rows(cols):
 
 @pytest.mark.parametrize("row", range(6))
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("cols", [64, 5000], ids=["tiled", "registers"])
+@pytest.mark.parametrize("cols", [64, 5000])
 def test_inf_and_nan_like_pytorch(model, row, dtype, cols):
+    """Each special row alone (the one-row kernel); test_special_rows_poison_the_mean_like_pytorch
+    takes them two rows at a time, through tiles and registers."""
     x, t = special_rows(cols)
     x, t = x[row:row + 1].to(dtype), t[row:row + 1]
     expected = torch.nn.functional.cross_entropy(x.float(), t)
@@ -391,20 +393,30 @@ def test_special_rows_poison_the_mean_like_pytorch(model, cols):
 @pytest.mark.parametrize("path", PATHS)
 def test_ignore_index(model, path):
     x, t = logits(*PATHS[path], torch.float32), targets(*PATHS[path])
-    t[::3] = -100
+    t[1::3] = -100  # a third of the rows; none of a lone row
     assert_matches(model(x, t), x, t)
     torch.testing.assert_close(model(x, t), torch.nn.functional.cross_entropy(x, t), rtol=1e-5, atol=0)
     t[:] = -100
     assert torch.isnan(model(x, t))  # nothing counted: 0/0, as PyTorch gives
 
 
-@pytest.mark.parametrize("cols", [77, 4096], ids=["tiled", "registers"])
-def test_ignore_index_in_a_lone_cta(model, cols):
-    """One row, one CTA, no partials: it counts its own ignored rows."""
-    x, t = logits(1, cols, torch.float32), targets(1, cols)
+@pytest.mark.parametrize("rows, cols", [(1, 77), (1, 4096), (0, 77), (2, 4096)])
+def test_ignore_index_where_the_grid_is_one_cta(model, policy, rows, cols):
+    """One row has its own kernel; no rows, or two rows planned for a GPU of one SM, give the general
+    kernel a grid of one CTA. Every row ignored: NaN (0 / 0), as PyTorch gives."""
+    import types
+    import model_new
+    gpu = model_new._device_properties(torch.cuda.current_device())
+    policy("_device_properties", lambda _: types.SimpleNamespace(multi_processor_count=1, L2_cache_size=gpu.L2_cache_size))
+    x, t = logits(rows, cols, torch.float32), targets(rows, cols)
+    plan, _ = plan_for(x)
+    assert plan.grid == 1 and plan.one_row == (rows == 1)
     assert_matches(model(x, t), x, t)
-    t[0] = -100
+    t[:] = -100
     assert torch.isnan(model(x, t))
+    if rows == 2:
+        t[1] = 5
+        assert_matches(model(x, t), x, t)
 
 
 def test_ignore_index_in_split_rows(model):
@@ -438,6 +450,39 @@ def test_opt_in_check_from_environment(monkeypatch):
     assert model_new.ModelNew().check_targets
     monkeypatch.setenv("CROSS_ENTROPY_CHECK_TARGETS", "0")
     assert not model_new.ModelNew().check_targets
+
+
+def one_row_columns(cols, per_vec):
+    """Target columns for a lone row: both ends (the elements outside whole vectors where the row
+    starts off the 16-byte grid) and 33 spread over it, which reach every slot of a thread's batch."""
+    ends = set(range(min(cols, 2 * per_vec))) | set(range(max(0, cols - 2 * per_vec), cols))
+    return sorted(ends | {round(k * (cols - 1) / 32) for k in range(33)})
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("cols", [1, 3, 9, 100, 4096, 4103, 32003, "limit", "past the limit"])
+def test_one_row(model, dtype, cols):
+    """A lone row of up to 128 KB has its own kernel (_plan). Every start on the element grid, the
+    target logit taken from every kind of place in the row (spiked: the loss is about 0 only where it
+    is read from the right column), int32 targets, the unbatched form, and targets that give NaN."""
+    import model_new
+    per_vec = 16 // torch.empty((), dtype=dtype).element_size()
+    limit = model_new._ONE_ROW_THREADS * model_new._BATCH * per_vec
+    cols = {"limit": limit, "past the limit": limit + per_vec}.get(cols, cols)
+    flat = logits(1, cols + per_vec, dtype)[0]
+    for offset in range(per_vec) if cols < 10000 else (0, 1, per_vec - 1):
+        x = flat[offset:offset + cols].view(1, cols)
+        assert plan_for(x)[0].one_row == (cols <= limit)
+        for col in one_row_columns(cols, per_vec):
+            t = torch.tensor([col], device="cuda")
+            spiked(x, t)
+            assert_matches(model(x, t), x, t)
+        x.copy_(logits(1, cols, dtype))
+        t = targets(1, cols, torch.int32)
+        assert_matches(model(x, t), x, t)
+        assert_matches(model(x[0], t[0]), x, t)  # logits (C,), a 0-dim target
+        for bad in (-100, -1, cols, 2**40):
+            assert torch.isnan(model(x, torch.tensor([bad], device="cuda")))
 
 
 def test_unbatched_input(model):

@@ -17,7 +17,7 @@ def test_plan_is_legal(rows, cols, elem_bytes, sms, evict_first):
     p = _plan(rows, cols, cols, elem_bytes, sms, evict_first)
     per_vec = 16 // elem_bytes
     assert 1 <= p.grid <= max(1, sms * model_new._CTAS_PER_SM)
-    assert p.group & (p.group - 1) == 0 and 1 <= p.group <= model_new._THREADS
+    assert p.group & (p.group - 1) == 0 and 1 <= p.group <= (model_new._ONE_ROW_THREADS if p.one_row else model_new._THREADS)
     assert p.seg_len % per_vec == 0 and p.seg_len <= model_new._MAX_SEG
     # segments tile the row exactly: none empty, none missing; the last CTA can stage a row's partials
     assert (p.splits - 1) * p.seg_len < cols <= p.splits * p.seg_len
@@ -30,6 +30,9 @@ def test_plan_is_legal(rows, cols, elem_bytes, sms, evict_first):
         assert p.splits == 1 and p.group <= 32
         assert ((p.tile_rows - 1) * cols + cols) * elem_bytes <= model_new._TILE_BYTES
         assert p.tile_rows <= model_new._THREADS * model_new._TILE_TARGETS
+    if p.one_row:  # one CTA of whole warps, each thread with at most a batch of the row's whole vectors
+        assert rows == 1 and p.grid == p.chunks == p.splits == 1 and p.tile_rows == p.batch_rows == 0
+        assert p.group >= 32 and p.group * model_new._BATCH >= cols // per_vec
     if p.batch_rows:  # whole rows of whole vectors fill a batch exactly, and every CTA gets several
         assert p.tile_rows == 0 and p.splits == 1 and p.batch_rows in (1, 2)
         assert p.batch_rows * cols * elem_bytes == model_new._ROW_BATCH_VECS * 16
@@ -98,6 +101,21 @@ def test_few_rows_get_more_threads_while_each_cta_has_an_sm():
         assert p.group == _plan(32768, 4096, 4096, 2, 132, False, False).group or p.grid <= 132
 
 
+@pytest.mark.parametrize("elem_bytes", [4, 2])
+def test_a_lone_row_of_up_to_128_kb_has_its_own_kernel(elem_bytes):
+    per_vec = 16 // elem_bytes
+    limit = model_new._ONE_ROW_THREADS * model_new._BATCH * per_vec  # 128 KB of whole vectors
+    assert limit * elem_bytes == 128 << 10
+    for cols, threads in [(1, 32), (3, 32), (4096, 4096 // per_vec // model_new._BATCH), (4099, 4096 // per_vec // model_new._BATCH),
+                          (limit // 2 + per_vec, model_new._ONE_ROW_THREADS), (limit, model_new._ONE_ROW_THREADS)]:
+        for aligned in (True, False):  # wherever it starts: its elements outside whole vectors are one per thread
+            p = _plan(1, cols, cols, elem_bytes, 132, True, aligned)
+            assert p.one_row and p.group == threads, (cols, p)
+    assert not _plan(1, limit + per_vec, limit + per_vec, elem_bytes, 132, True).one_row  # longer: split
+    assert _plan(1, limit + per_vec, limit + per_vec, elem_bytes, 132, True).splits > 1
+    assert not _plan(2, 4096, 4096, elem_bytes, 132, True).one_row  # two rows: the mean of two losses
+
+
 def test_few_long_rows_are_split_across_ctas():
     p = _plan(16, 256000, 256000, 4, 132, False)
     assert p.splits >= 8 and p.grid >= 128
@@ -117,8 +135,10 @@ def test_short_rows_are_staged_in_tiles_that_fill_the_gpu():
 def test_gpu_test_shapes_take_the_path_they_test(elem_bytes):
     from cases import PATHS
     assert _plan(*PATHS["tiled"], PATHS["tiled"][1], elem_bytes, 132, False).tile_rows > 0
-    assert _plan(*PATHS["registers"], PATHS["registers"][1], elem_bytes, 132, False)[-2:] == (0, 0)
+    p = _plan(*PATHS["registers"], PATHS["registers"][1], elem_bytes, 132, False)
+    assert p.tile_rows == p.batch_rows == 0 and not p.one_row
     assert _plan(*PATHS["row batches"], PATHS["row batches"][1], elem_bytes, 132, False).batch_rows > 0
+    assert _plan(*PATHS["one row"], PATHS["one row"][1], elem_bytes, 132, False).one_row
     assert _plan(4001, 4096, 4096, elem_bytes, 132, False).batch_rows > 0  # in SHAPES: a partial last chunk
     for cols in (64, 5000):  # special_rows
         assert (_plan(8, cols, cols, elem_bytes, 132, False).tile_rows > 0) == (cols == 64)
