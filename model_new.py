@@ -769,7 +769,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   __shared__ float warp_sums[2][kWarps];       // loss sum per warp, by chunk parity
   __shared__ long long claimed[2];             // the chunk after next, by chunk parity
   __shared__ Total final_scratch[kWarps];
-  __shared__ unsigned int lone_ignored;        // a lone CTA's rows of ignore_index
   __shared__ uint4 tile_vecs[kTiled ? kTileVecs + 2 : 1];  // a tile's vectors, a spare slot at each end
   __shared__ int tile_targets[kTiled ? kTileRows : 1];
 
@@ -781,7 +780,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   const int groups = kThreads >> group_shift;
   const int rounds = p.chunk_rounds;
   const bool leader = lane == 0;
-  const bool lone = gridDim.x == 1;  // one CTA takes the chunks in order: no claims, no partials
   const bool whole_rows = kTiled || p.splits == 1;  // else segments, with a partial per item
   const Target* targets = static_cast<const Target*>(p.targets);
   const auto* logits = static_cast<const typename E::Storage*>(p.logits);
@@ -801,14 +799,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   long long next_target = kTiled ? 0 : load_target(item_of(chunk, 0));
   TileLoads<E, Target, kEvictFirst> tile;  // tiles: the next one, in flight
   if (kTiled && chunk < p.chunks) tile.issue(p, tile_span<E>(p, chunk));
-  float lone_sum = 0.f;      // thread 0 of a lone CTA: the chunks' sums, in order
-  if (threadIdx.x == 0) lone_ignored = 0;  // ordered before any addition by the barriers that follow
   unsigned int ignored = 0;  // leaders: the rows of ignore_index they met; the mean divides by the rest
   int item_parity = 0;
 
   for (int parity = 0; chunk < p.chunks; parity ^= 1) {  // chunk is the same in every thread
     unsigned int claim = 0;
-    if (threadIdx.x == 0 && !lone) claim = atomicAdd(claims, 1u);
+    if (threadIdx.x == 0) claim = atomicAdd(claims, 1u);
     float loss_sum = 0.f;  // leaders: this group's rows of the chunk, in order; 0 elsewhere
 
     if constexpr (kTiled) {
@@ -876,28 +872,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
       for (int offset = group; offset < 32; offset <<= 1) loss_sum += __shfl_xor_sync(0xffffffffu, loss_sum, offset);
       if ((threadIdx.x & 31) == 0) warp_sums[parity][threadIdx.x >> 5] = loss_sum;
     }
-    if (threadIdx.x == 0) claimed[parity] = lone ? chunk + 2 : 2ll * gridDim.x + claim;
+    if (threadIdx.x == 0) claimed[parity] = 2ll * gridDim.x + claim;
     __syncthreads();
     if (whole_rows && threadIdx.x == 0) {
       float sum = 0.f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) sum += warp_sums[parity][w];
-      if (lone) lone_sum += sum;
-      else exact_add(p.exact, sum);
+      exact_add(p.exact, sum);
     }
     chunk = next_chunk;
     next_chunk = claimed[parity];
   }
 
-  // A lone CTA over whole rows has the answer already: no partials, no counter (tiny problems).
-  if (lone && whole_rows) {
-    if (ignored) atomicAdd(&lone_ignored, ignored);  // an integer sum in shared memory: any order
-    __syncthreads();
-    // A lone CTA has at most a tile's rows, so the count is exact in a float, and one float division
-    // rounds as the double one would (0 rows: NaN).
-    if (threadIdx.x == 0) E::store(p.out, lone_sum / float(p.rows - lone_ignored));
-    return;
-  }
   if (!arrive_last(p, ignored, whole_rows)) return;
   if (threadIdx.x == 0) *claims = 0;
   store_mean<E>(p, whole_rows ? whole_rows_total(p) : cta_sum(segments_total<E, Target>(p), final_scratch));
@@ -1320,10 +1306,8 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
         group = min(_THREADS, _pow2_at_least(-(-seg_vecs // vecs_per_thread)))
         # Few rows leave SMs idle: more threads per row while the CTAs still get an SM each (64 x
         # 5000: 64 CTAs, not 16). Past one CTA per SM, bigger groups measured slower (300 x 4096,
-        # 1000 x 4096). A lone row grows only until each thread holds one batch of it: more threads
-        # only add warps to merge (1 x 4096: 0.2-0.3 us sooner than with 256 threads).
-        while (group < _THREADS and (rows > 1 or group * _BATCH < seg_vecs)
-               and -(-rows // (_THREADS // (2 * group))) <= num_sms):
+        # 1000 x 4096). (A lone row is here only when it is split: the one-row kernel takes the rest.)
+        while group < _THREADS and -(-rows // (_THREADS // (2 * group))) <= num_sms:
             group *= 2
     # Chunks of one round each, claimed as CTAs finish them, balance the end of the stream. Where
     # a round is only a few KB (very short rows) the claim's barrier and partial cost more than

@@ -24,8 +24,6 @@ def test_plan_is_legal(rows, cols, elem_bytes, sms, evict_first):
     assert p.splits <= model_new._SEG_SLAB
     # items per CTA fit in a 32-bit count
     assert rows * p.splits // p.grid < 2**31
-    if p.grid == 1 and p.splits == 1:  # a lone CTA divides by its row count as a float: exact
-        assert rows <= model_new._THREADS * model_new._TILE_TARGETS
     if p.tile_rows:  # a tile's stretch fits the CTA's one batch of vectors, its targets one slot each
         assert p.splits == 1 and p.group <= 32
         assert ((p.tile_rows - 1) * cols + cols) * elem_bytes <= model_new._TILE_BYTES
