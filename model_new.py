@@ -48,7 +48,8 @@ _CUDA_SRC = r"""
 //           and reduced from shared memory (see "short rows" below). Where one or two rows fill a
 //           CTA's batch of loads exactly (16 KB: 4096 float32 or 8192 16-bit columns a row, or half
 //           that), a chunk is such a batch, streamed by its own kernel with the next batch always in
-//           flight (see "rows that tile a CTA batch" below).
+//           flight (see "rows that tile a CTA batch" below). A lone row of up to 128 KB is one
+//           CTA's, in registers, by a kernel of its own (see "one row" below).
 // CTA b takes chunks b and gridDim.x + b, then claims the next unclaimed chunk from a counter
 // while any are left. Claiming balances the end: with a fixed share each, CTAs on the same
 // tensor finished up to 30 us apart (SMs stream at different rates), and the last ones ran with
