@@ -1196,7 +1196,7 @@ _EVICT_FIRST_TILE_MIN_ROW = 512   # ... at least this many bytes
 _ROW_BATCH_LOADS = 4            # 16-byte loads per thread and batch of the row-batch kernel (kRowBatchLoads)
 _ROW_BATCH_VECS = _THREADS * _ROW_BATCH_LOADS  # its CTA batch, in 16-byte vectors
 _ROW_BATCH_MIN_CHUNKS = 4       # ... taken where every CTA gets at least this many batches
-_ONE_ROW_THREADS = 1024        # the one-row kernel's most threads (kOneRowThreads), each with a batch of the row
+_ONE_ROW_THREADS = 1024         # the one-row kernel's most threads (kOneRowThreads), each with a batch of the row
 _EXACT_WORDS = 10               # 64-bit words of the exact sum: 9 digits and the flags (the kernel's kExactWords)
 _IGNORE_INDEX = -100
 
@@ -1258,8 +1258,8 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
     whole_vecs = cols // per_vec  # at most, wherever the row starts
     if rows == 1 and whole_vecs <= _ONE_ROW_THREADS * _BATCH:
         # A lone row of up to 128 KB: one CTA of as many threads as hold a batch of it each. It took
-        # 1 x 4096 in 4.5-4.8 us against 5.7-5.8 through the general kernel (read: 3.8), and rows of
-        # 64-128 KB in 5.2-7.2 us against 8.0-9.1 split across CTAs (bench/PERF.md, session 15).
+        # 1 x 4096 in 4.4-4.7 us against 5.6-5.8 through the general kernel (read: 3.7), and rows of
+        # 64-128 KB in 5.2-7.1 us against 8.0-9.5 split across CTAs (bench/PERF.md, session 15).
         threads = max(32, _pow2_at_least(-(-whole_vecs // _BATCH)))
         return _Plan(1, threads, 1, -(-cols // per_vec) * per_vec, 1, 1, one_row=True)
     batch_rows = _batch_rows(rows, cols, row_stride, elem_bytes, num_sms, aligned)
