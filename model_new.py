@@ -1198,6 +1198,8 @@ _ROW_BATCH_LOADS = 4            # 16-byte loads per thread and batch of the row-
 _ROW_BATCH_VECS = _THREADS * _ROW_BATCH_LOADS  # its CTA batch, in 16-byte vectors
 _ROW_BATCH_MIN_CHUNKS = 4       # ... taken where every CTA gets at least this many batches
 _ONE_ROW_THREADS = 1024         # the one-row kernel's most threads (kOneRowThreads), each with a batch of the row
+_FAST_MEMORY_PER_SM = 30e9      # DRAM peak, bytes/s per SM, above which the row-batch kernel cannot keep up ...
+_FAST_MEMORY_L2S = 3            # ... past this many L2 sizes of logits: see _fast_memory
 _EXACT_WORDS = 10               # 64-bit words of the exact sum: 9 digits and the flags (the kernel's kExactWords)
 _IGNORE_INDEX = -100
 
@@ -1250,10 +1252,11 @@ def _batch_rows(rows, cols, row_stride, elem_bytes, num_sms, aligned):
     return batch_rows
 
 
-def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True):
+def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True, row_batches=True, fast_memory=False):
     """Launch shape for an (rows, cols) problem with elem_bytes-wide logits, row_stride elements
     apart, on num_sms SMs, read with evict-first loads or plain ones (_evict_first); aligned: the
-    first logit lies on the 16-byte grid."""
+    first logit lies on the 16-byte grid; row_batches: whether the row-batch kernel may take it;
+    fast_memory: the GPU's (_fast_memory)."""
     per_vec = 16 // elem_bytes
     max_grid = num_sms * _CTAS_PER_SM
     whole_vecs = cols // per_vec  # at most, wherever the row starts
@@ -1263,17 +1266,19 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
         # 64-128 KB in 5.2-7.1 us against 8.0-9.5 split across CTAs (bench/PERF.md, session 15).
         threads = max(32, _pow2_at_least(-(-whole_vecs // _BATCH)))
         return _Plan(1, threads, 1, -(-cols // per_vec) * per_vec, 1, 1, one_row=True)
-    batch_rows = _batch_rows(rows, cols, row_stride, elem_bytes, num_sms, aligned)
+    batch_rows = _batch_rows(rows, cols, row_stride, elem_bytes, num_sms, aligned) if row_batches else 0
     if batch_rows:
         return _Plan(max_grid, _THREADS, 1, cols, 1, -(-rows // batch_rows), 0, batch_rows)
     tile_rows = _tile_rows(rows, cols, row_stride, elem_bytes, max_grid)
-    if tile_rows and evict_first and cols * elem_bytes >= _EVICT_FIRST_TILE_MIN_ROW:
+    if tile_rows and evict_first and not fast_memory and cols * elem_bytes >= _EVICT_FIRST_TILE_MIN_ROW:
         # Evict-first tiles stream faster with fewer of them in flight: 2 CTAs per SM read 65536 x
         # 1000 bf16 in 54.1 us against 57.1, 200000 x 200 fp32 in 64.5 against 67.6, 4096 x 129
         # fp32 in 8.4 against 9.7. Tiles of shorter rows, more arithmetic per byte, can need every
         # CTA (262144 x 250 bf16, rows of 500 bytes: 10 us slower; 1000000 x 10: 2 us), and so do
         # rows in registers (32768 x 4096 bf16: 4.9 us slower). Nor may fewer CTAs turn one wave of
-        # tiles into a wave and a bit (8192 x 300 fp32: 1.3 us slower).
+        # tiles into a wave and a bit (8192 x 300 fp32: 1.3 us slower). Not where memory is fast
+        # (_fast_memory): there evict-first tiles on every CTA read 65536 x 1000 bf16 in 44.9 us, on
+        # 2 per SM in 50.4 (47.3 plain).
         fewer = num_sms * _EVICT_FIRST_TILE_CTAS
         fewer_rows = _tile_rows(rows, cols, row_stride, elem_bytes, fewer)
         one_wave_of_every_cta = -(-rows // tile_rows) <= max_grid
@@ -1302,9 +1307,11 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
         # Evict-first loads stream faster when each batch of a CTA covers whole rows, one stretch of
         # memory, than when its groups walk their rows batch by batch: 32768 x 4096 bf16 100.4 us
         # against 105.0 (103.6 plain), 16384 x 4096 bf16 55.5 against 58.7. Plain loads measured
-        # the same either way (bench/PERF.md).
+        # the same either way (bench/PERF.md). Not where memory is fast: there a thread's second
+        # batch in flight counts for more (H200, evict-first: 32768 x 4096 bf16 77.8 us against
+        # 87.1, 8192 x 16384 bf16 78.6 against 87.3).
         seg_vecs = -(-seg_len // per_vec)
-        vecs_per_thread = _BATCH if evict_first else _VECS_PER_THREAD
+        vecs_per_thread = _BATCH if evict_first and not fast_memory else _VECS_PER_THREAD
         group = min(_THREADS, _pow2_at_least(-(-seg_vecs // vecs_per_thread)))
         # Few rows leave SMs idle: more threads per row while the CTAs still get an SM each (64 x
         # 5000: 64 CTAs, not 16). Past one CTA per SM, bigger groups measured slower (300 x 4096,
@@ -1322,7 +1329,7 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
     return _Plan(max(1, min(max_grid, chunks)), group, splits, seg_len, rounds, chunks)
 
 
-def _evict_first(logit_bytes, l2_bytes, elem_bytes, row_batches):
+def _evict_first(logit_bytes, l2_bytes, elem_bytes, row_batches, tiles=False, fast_memory=False):
     """Whether the kernel reads the logits with evict-first loads, which leave the rest of L2 in
     place. Where L2 holds dirty lines (KernelBench's flush; in training, another kernel's output)
     that saves their write-back, about 9.5 us on the H100, but the read streams a few % slower
@@ -1330,8 +1337,27 @@ def _evict_first(logit_bytes, l2_bytes, elem_bytes, row_batches):
     per item) the saving won up to 250-384 MiB of logits, by shape, and lost from 312-448 MiB
     (bench/PERF.md): up to 6 L2 sizes (300 MiB on the H100) read evict-first. The row-batch kernel
     (row_batches) reads 16-bit rows faster evict-first at every size measured, 384 MiB to 1 GiB
-    (1.2 to 8.2 us), and its fp32 rows slower past 300 MiB (0.4 to 10.8 us), as the others."""
+    (1.2 to 8.2 us), and its fp32 rows slower past 300 MiB (0.4 to 10.8 us), as the others.
+    Where memory is fast (_fast_memory, the H200; 6 L2 sizes are 360 MiB there) the same rule
+    holds as long as _plan keeps every thread's second batch and every SM's third CTA: 16-bit rows
+    in registers won up to 312 MiB (1.3 to 2.5 us) and lost at 785, tiles won at 62 to 250 MiB
+    (65536 x 1000 bf16: 44.9 us against 47.3 plain). Not fp32 rows outside tiles: they won up to
+    192 MiB and lost from 250 (0.8 to 4.6 us), so they read evict-first up to 3 L2 sizes."""
+    if fast_memory and elem_bytes == 4 and not tiles:
+        return logit_bytes <= _FAST_MEMORY_L2S * l2_bytes
     return logit_bytes <= _EVICT_FIRST_L2S * l2_bytes or (row_batches and elem_bytes == 2)
+
+
+def _fast_memory(gpu):
+    """Whether the GPU's memory outruns the row-batch kernel past a few L2 sizes of logits. That
+    kernel keeps one 16 KB batch per CTA in flight, 48 KB per SM, which on an H200 streamed about
+    3.4 TB/s, 26 GB/s per SM: the H100's peak is 25 GB/s per SM, the H200's 36. There, past 3 L2
+    sizes, rows in registers (96 KB per SM in flight) read 512 MiB of fp32 in 133.6 us against
+    161.3 (read: 131.6) and 256 MiB of bf16 in 79.8 against 81.3; up to 160 MiB row batches were
+    still the faster or as fast (bench/PERF.md, session 16). The peak is the memory clock (double
+    data rate) times the bus width; where torch does not report them, the H100's rules apply."""
+    peak = 2e3 * getattr(gpu, "memory_clock_rate", 0) * getattr(gpu, "memory_bus_width", 0) / 8
+    return peak > _FAST_MEMORY_PER_SM * gpu.multi_processor_count
 
 
 @functools.lru_cache(maxsize=1024)
@@ -1340,9 +1366,13 @@ def _plan_on(device_index, rows, cols, row_stride, elem_bytes, aligned):
     it reads them evict-first. Cached, because the host's time per call shows in KernelBench's
     timing (see _cross_entropy_mean); a test that changes the policy clears it."""
     gpu = _device_properties(device_index)
-    row_batches = _batch_rows(rows, cols, row_stride, elem_bytes, gpu.multi_processor_count, aligned) > 0
-    evict_first = _evict_first(rows * cols * elem_bytes, gpu.L2_cache_size, elem_bytes, row_batches)
-    plan = _plan(rows, cols, row_stride, elem_bytes, gpu.multi_processor_count, evict_first, aligned)
+    num_sms, l2_bytes, logit_bytes = gpu.multi_processor_count, gpu.L2_cache_size, rows * cols * elem_bytes
+    fast_memory = _fast_memory(gpu)
+    may_batch_rows = not fast_memory or logit_bytes <= _FAST_MEMORY_L2S * l2_bytes
+    row_batches = may_batch_rows and _batch_rows(rows, cols, row_stride, elem_bytes, num_sms, aligned) > 0
+    tiles = not row_batches and _tile_rows(rows, cols, row_stride, elem_bytes, num_sms * _CTAS_PER_SM) > 0
+    evict_first = _evict_first(logit_bytes, l2_bytes, elem_bytes, row_batches, tiles, fast_memory)
+    plan = _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned, may_batch_rows, fast_memory)
     return plan, evict_first
 
 

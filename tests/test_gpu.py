@@ -108,18 +108,43 @@ def test_both_kinds_of_load(model, policy, rows, cols, dtype, tdtype, evict_firs
     assert_matches(out[0], x, t)
 
 
+def test_the_memory_regime_of_a_known_gpu():
+    """The H100 keeps the rules it was measured with; the H200's memory is fast (_fast_memory). Both
+    need torch to report the memory clock and bus width: without them every GPU gets the H100's."""
+    import model_new
+    gpu = model_new._device_properties(0)
+    name = torch.cuda.get_device_name(0)
+    if not hasattr(gpu, "memory_clock_rate") or not any(k in name for k in ("H100", "H200")):
+        pytest.skip(f"{name}: not a GPU this policy was measured on, or torch {torch.__version__} does not report its memory")
+    assert model_new._fast_memory(gpu) == ("H200" in name), (name, gpu.memory_clock_rate, gpu.memory_bus_width)
+
+
 def test_load_kind_follows_the_logits_size(model):
     import model_new
-    # Up to _EVICT_FIRST_L2S L2 sizes of logits read evict-first, one row more plainly; but 16-bit
-    # rows in the row-batch kernel read evict-first at any size.
-    limit = model_new._EVICT_FIRST_L2S * torch.cuda.get_device_properties(0).L2_cache_size
-    for n, cols, dtype, expected in [(limit // (4096 * 4), 4096, torch.float32, True),       # row batches
-                                     (limit // (4096 * 4) + 1, 4096, torch.float32, False),  # row batches
-                                     (limit // (4104 * 2) + 1, 4104, torch.bfloat16, False),  # registers
-                                     (limit // (4096 * 2) + 2, 4096, torch.bfloat16, True)]:  # row batches
+    gpu = model_new._device_properties(0)
+    l2 = gpu.L2_cache_size
+    if model_new._fast_memory(gpu):
+        # Memory faster than the row-batch kernel's bytes in flight (the H200): row batches up to
+        # _FAST_MEMORY_L2S L2 sizes of logits, rows in registers past them; fp32 evict-first up to
+        # that size too, 16-bit up to _EVICT_FIRST_L2S.
+        limit = model_new._FAST_MEMORY_L2S * l2
+        cases = [(limit // (4096 * 4), 4096, torch.float32, True, True),
+                 (limit // (4096 * 4) + 1, 4096, torch.float32, False, False),
+                 (limit // (4104 * 2) + 1, 4104, torch.bfloat16, False, True),
+                 (limit // (4096 * 2) + 2, 4096, torch.bfloat16, False, True),
+                 (model_new._EVICT_FIRST_L2S * l2 // (4096 * 2) + 2, 4096, torch.bfloat16, False, False)]
+    else:
+        # Up to _EVICT_FIRST_L2S L2 sizes of logits read evict-first, one row more plainly; but 16-bit
+        # rows in the row-batch kernel read evict-first at any size.
+        limit = model_new._EVICT_FIRST_L2S * l2
+        cases = [(limit // (4096 * 4), 4096, torch.float32, True, True),
+                 (limit // (4096 * 4) + 1, 4096, torch.float32, True, False),
+                 (limit // (4104 * 2) + 1, 4104, torch.bfloat16, False, False),
+                 (limit // (4096 * 2) + 2, 4096, torch.bfloat16, True, True)]
+    for n, cols, dtype, row_batches, expected in cases:
         x, t = logits(n, cols, dtype), targets(n, cols)
         name = launched_kernel(lambda: model(x, t))
-        assert ("row_batch" in name) == (cols == 4096), name
+        assert ("row_batch" in name) == row_batches, name
         assert evict_first_kernel(name) == expected, (n, cols, dtype)
 
 

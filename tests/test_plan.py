@@ -193,3 +193,65 @@ def test_evict_first_loads_for_reads_of_a_few_l2_sizes_and_16_bit_row_batches():
     assert not model_new._evict_first(32768 * 4096 * 4, l2, 4, True)   # 512 MiB of fp32 row batches: 2 us slower
     assert model_new._evict_first(65536 * 4096 * 2, l2, 2, True)       # 512 MiB of bf16 row batches: 3 us faster
     assert model_new._evict_first(65536 * 8192 * 2, l2, 2, True)       # 1 GiB of them: 5.5 us faster
+
+
+# The memory systems the policy tells apart, as torch reports them (memory clock in kHz, bus in bits).
+H100 = dict(multi_processor_count=132, L2_cache_size=50 << 20, memory_clock_rate=2619000, memory_bus_width=5120)
+H200 = dict(multi_processor_count=132, L2_cache_size=60 << 20, memory_clock_rate=3201000, memory_bus_width=6016)
+
+
+def test_fast_memory_is_bandwidth_per_sm():
+    import types
+    assert not model_new._fast_memory(types.SimpleNamespace(**H100))  # 3.35 TB/s: 25 GB/s per SM
+    assert model_new._fast_memory(types.SimpleNamespace(**H200))      # 4.8 TB/s: 36 GB/s per SM
+    # A100 80GB (2.0 TB/s over 108 SMs): not fast; the same H200 memory over half the SMs: fast.
+    assert not model_new._fast_memory(types.SimpleNamespace(multi_processor_count=108, memory_clock_rate=1593000,
+                                                            memory_bus_width=5120, L2_cache_size=40 << 20))
+    assert model_new._fast_memory(types.SimpleNamespace(**dict(H200, multi_processor_count=66)))
+    # A torch that does not report the memory: the rules the H100 was measured with.
+    assert not model_new._fast_memory(types.SimpleNamespace(multi_processor_count=132, L2_cache_size=60 << 20))
+
+
+def plan_on(monkeypatch, gpu, rows, cols, elem_bytes, aligned=True):
+    import types
+    monkeypatch.setattr(model_new, "_device_properties", lambda _: types.SimpleNamespace(**gpu))
+    model_new._plan_on.cache_clear()
+    plan = model_new._plan_on(0, rows, cols, cols, elem_bytes, aligned)
+    model_new._plan_on.cache_clear()
+    return plan
+
+
+def test_fast_memory_takes_row_batches_up_to_a_few_l2_sizes(monkeypatch):
+    limit = model_new._FAST_MEMORY_L2S * H200["L2_cache_size"]
+    for cols, elem_bytes in ((4096, 4), (4096, 2), (2048, 4), (8192, 2)):
+        rows = limit // (cols * elem_bytes)
+        plan, evict_first = plan_on(monkeypatch, H200, rows, cols, elem_bytes)
+        assert plan.batch_rows and evict_first, (cols, elem_bytes)
+        plan, evict_first = plan_on(monkeypatch, H200, rows + 1, cols, elem_bytes)  # past it: rows in registers
+        assert not plan.batch_rows and not plan.tile_rows and evict_first == (elem_bytes == 2), (cols, elem_bytes)
+        # The H100 takes both in row batches, and reads 16-bit rows evict-first at any size.
+        plan, evict_first = plan_on(monkeypatch, H100, rows + 1, cols, elem_bytes)
+        assert plan.batch_rows and evict_first
+    plan, evict_first = plan_on(monkeypatch, H200, 32768, 4096, 4)  # 512 MiB: 133.6 us against 161.3
+    assert not plan.batch_rows and not evict_first
+
+
+def test_fast_memory_reads_evict_first_up_to_6_l2_sizes_but_fp32_rows_outside_tiles_up_to_3(monkeypatch):
+    six, three = (n * H200["L2_cache_size"] for n in (model_new._EVICT_FIRST_L2S, model_new._FAST_MEMORY_L2S))
+    for cols, elem_bytes, limit, tiles in [(32000, 2, six, False), (32000, 4, three, False),
+                                           (4104, 4, three, False), (1000, 2, six, True), (1000, 4, six, True)]:
+        rows = limit // (cols * elem_bytes)
+        plan, evict_first = plan_on(monkeypatch, H200, rows, cols, elem_bytes)
+        assert evict_first and bool(plan.tile_rows) == tiles, (cols, elem_bytes)
+        assert not plan_on(monkeypatch, H200, rows + 1, cols, elem_bytes)[1], (cols, elem_bytes)
+
+
+def test_fast_memory_keeps_two_batches_per_item_and_every_cta_with_evict_first_loads(monkeypatch):
+    # H200, read evict-first: 32768 x 4096 bf16 in registers, 77.8 us with 16 vectors a thread and
+    # 87.1 with 8; 65536 x 1000 bf16 in tiles, 44.9 us on 3 CTAs per SM and 50.4 on 2.
+    h100, _ = plan_on(monkeypatch, H100, 32768, 4104, 2)
+    h200, evict_first = plan_on(monkeypatch, H200, 32768, 4104, 2)
+    assert evict_first and h200.group == h100.group // 2 == _plan(32768, 4104, 4104, 2, 132, False).group
+    for gpu, ctas in ((H100, model_new._EVICT_FIRST_TILE_CTAS), (H200, model_new._CTAS_PER_SM)):
+        plan, evict_first = plan_on(monkeypatch, gpu, 65536, 1000, 2)
+        assert plan.tile_rows and evict_first and plan.grid == 132 * ctas
