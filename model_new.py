@@ -1256,7 +1256,8 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
     """Launch shape for an (rows, cols) problem with elem_bytes-wide logits, row_stride elements
     apart, on num_sms SMs, read with evict-first loads or plain ones (_evict_first); aligned: the
     first logit lies on the 16-byte grid; row_batches: whether the row-batch kernel may take it;
-    fast_memory: the GPU's (_fast_memory)."""
+    fast_memory: the GPU's memory is fast per SM (_fast_memory), where evict-first reads keep the
+    plain reads' shapes."""
     per_vec = 16 // elem_bytes
     max_grid = num_sms * _CTAS_PER_SM
     whole_vecs = cols // per_vec  # at most, wherever the row starts
