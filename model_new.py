@@ -431,7 +431,8 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
 // neighbouring rows lie in one stretch of memory, which the whole CTA loads with 16-byte vectors
 // (kBatch per thread, 32 KB) into registers, then stores to shared memory, where groups reduce
 // the rows. The next tile's loads are issued before the rows of this one are reduced, so each
-// CTA keeps a tile in flight all the time; the target logit comes from shared memory too.
+// CTA keeps a tile in flight all the time; the target logit comes from shared memory too. Rows of
+// fewer than 4 vectors (kShortRowElems) are reduced element by element, in kernels of their own.
 // (cp.async into two stages of shared memory instead, which frees those registers and keeps up to
 // two tiles in flight, measured slower: bench/PERF.md.)
 constexpr int kTileVecs = kThreads * kBatch;         // whole vectors a tile's stretch may hold
@@ -548,17 +549,23 @@ struct TileLoads {
   }
 };
 
+// Rows shorter than this many elements (4 vectors) are reduced element by element, in kernels of
+// their own (short_row_lse_shared).
+template <class E>
+constexpr int kShortRowElems = 4 * E::kPerVec;
+
 // A row in shared memory, reduced by its group in two sweeps: the max first, agreed on by the
 // group, then the sum of exp against that one base. Reading the row twice from shared memory costs
 // less than rescaling a running sum batch by batch, and holds no batch in registers while the
 // next tile's loads do. The row is elements [start, start + len) of the tile, whose slot 0 is
-// 16-byte aligned, so the row's cut at 16-byte boundaries follows from start alone. Every lane of
-// the warp must call it (len 0 for rows it skips).
+// 16-byte aligned, so the row's cut at 16-byte boundaries follows from start alone. Rows of
+// kShortRowElems elements or more (shorter ones: short_row_lse_shared). Every lane of the warp must
+// call it (len 0 for rows it skips).
 template <class E>
 __device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int len, int lane, int group) {
   const auto* elems = reinterpret_cast<const typename E::Storage*>(tile);
-  // Rows of a few vectors are all edge: element by element costs less than cutting them up.
-  const int head = len < 4 * E::kPerVec ? len : (-start) & (E::kPerVec - 1);
+  // len is 0 (a row it skips, with no head either) or at least kShortRowElems.
+  const int head = len < kShortRowElems<E> ? len : (-start) & (E::kPerVec - 1);
   const Aligned cut = {head, (len - head) / E::kPerVec};
   const uint4* const body = tile + unsigned(start + head) / E::kPerVec;
   const uint4* const end = body + cut.nvec;
@@ -591,9 +598,31 @@ __device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int 
   return {m, lanes_sum(s, group)};
 }
 
-// The rows of a tile in shared memory, a row per group at a time; leaders add their rows' losses
-// and count those of ignore_index.
+// Rows of fewer than kShortRowElems elements, element by element in the same two sweeps: cutting
+// them at 16-byte boundaries costs more than it saves. The sweeps are unrolled so that a lane's
+// loads from shared memory go out together: rolled, with the edge bookkeeping of row_lse_shared,
+// each element cost 22 instructions, and 1000000 x 10 bf16 issued 450 warp instructions per 32
+// rows, busy 66% of its cycles (ncu). Every lane of the warp must call it (len 0 for rows it skips).
 template <class E>
+__device__ __forceinline__ Lse short_row_lse_shared(const typename E::Storage* row, int len, int lane, int group) {
+  float m = -INFINITY;
+#pragma unroll 4
+  for (int k = lane; k < len; k += group) m = fmaxf(m, E::value(row[k]));
+  m = lanes_max(m, group);
+  const float base = safe_base(m);
+  const float s = sum_exp(base, [&](auto exponent) {
+    float s0 = 0.f;
+#pragma unroll 4
+    for (int k = lane; k < len; k += group) s0 += exp2_approx(exponent(E::value(row[k])));
+    return s0;
+  });
+  return {m, lanes_sum(s, group)};
+}
+
+// The rows of a tile in shared memory, a row per group at a time; leaders add their rows' losses
+// and count those of ignore_index. kShortRows: rows of fewer than kShortRowElems elements (see the
+// kernel).
+template <class E, bool kShortRows>
 __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t, const uint4* vecs, const int* targets,
                                           int lane, int group, float& loss_sum, unsigned int& ignored) {
   const auto* elems = reinterpret_cast<const typename E::Storage*>(vecs);
@@ -607,7 +636,9 @@ __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t,
     const int target = r < t.rows ? targets[r] : kTargetIgnored;
     const int start = tile_index(t, r * int(p.row_stride));
     // Ignored rows and bad targets need no sum: they read nothing.
-    const Lse st = row_lse_shared<E>(vecs, start, target >= 0 ? int(p.cols) : 0, lane, group);
+    const int len = target >= 0 ? int(p.cols) : 0;
+    const Lse st = kShortRows ? short_row_lse_shared<E>(elems + start, len, lane, group)
+                              : row_lse_shared<E>(vecs, start, len, lane, group);
     if (lane == 0 && r < t.rows) {
       if (target == kTargetIgnored) ++ignored;
       else loss_sum += target >= 0 ? row_loss(st, E::value(elems[start + target])) : __int_as_float(0x7fc00000);
@@ -791,9 +822,12 @@ __device__ __forceinline__ void store_mean(const Params& p, Total total) {
 
 // ------------------------------------------------------------------ the kernel
 // kTiled: a chunk is a tile of whole short rows, staged through shared memory; otherwise rows
-// (or segments) stream through registers, a group per item. kEvictFirst: the loads of the logits
+// (or segments) stream through registers, a group per item. kShortRows (tiles only): rows of fewer
+// than kShortRowElems elements, reduced element by element (short_row_lse_shared); kernels of their
+// own, because with both row paths in one kernel the tiles of longer rows ran 0.4-0.9 us slower
+// (65536 x 1000 bf16, 262144 x 250 bf16, 200000 x 200 fp32). kEvictFirst: the loads of the logits
 // (see load_vec).
-template <class E, class Target, bool kTiled, bool kEvictFirst>
+template <class E, class Target, bool kTiled, bool kShortRows, bool kEvictFirst>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kernel(const Params p) {
   __shared__ float4 warp_state[2][kWarps];     // (m, s, target logit or 0, unused) per warp, by item parity
   __shared__ float warp_sums[2][kWarps];       // loss sum per warp, by chunk parity
@@ -843,7 +877,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
       tile.store(p, span, tile_vecs, tile_targets);
       if (next_chunk < p.chunks) tile.issue(p, tile_span<E>(p, next_chunk));
       __syncthreads();
-      tile_loss<E>(p, span, tile_vecs, tile_targets, lane, group, loss_sum, ignored);
+      tile_loss<E, kShortRows>(p, span, tile_vecs, tile_targets, lane, group, loss_sum, ignored);
     }
     for (int r = 0; !kTiled && r < rounds; ++r, item_parity ^= 1) {
       const long long item = item_of(chunk, r);
@@ -1102,8 +1136,10 @@ void launch_typed(const Params& p, int grid, cudaStream_t stream) {
   if (p.one_row) cross_entropy_mean_one_row_kernel<E><<<1, p.group, 0, stream>>>(p);
   else if (p.batch_rows == 1) cross_entropy_mean_row_batch_kernel<E, 1, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   else if (p.batch_rows == 2) cross_entropy_mean_row_batch_kernel<E, 2, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.tile_rows > 0) cross_entropy_mean_kernel<E, Target, true, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
-  else cross_entropy_mean_kernel<E, Target, false, kEvictFirst><<<grid, kThreads, seg_smem, stream>>>(p);
+  else if (p.tile_rows > 0 && p.cols < kShortRowElems<E>)
+    cross_entropy_mean_kernel<E, Target, true, true, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.tile_rows > 0) cross_entropy_mean_kernel<E, Target, true, false, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  else cross_entropy_mean_kernel<E, Target, false, false, kEvictFirst><<<grid, kThreads, seg_smem, stream>>>(p);
 }
 
 template <class E, class Target>

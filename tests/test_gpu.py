@@ -95,9 +95,9 @@ def evict_first_kernel(name):
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("tdtype", [torch.int64, torch.int32], ids=["int64", "int32"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("rows, cols", [PATHS["tiled"], (300, 1000), PATHS["registers"], (16, 256000), (257, 4099),
-                                        PATHS["row batches"]],
-                         ids=["tiled", "tiled-long", "registers", "split", "unaligned", "row-batches"])
+@pytest.mark.parametrize("rows, cols", [PATHS["tiled"], PATHS["tiled short"], (300, 1000), PATHS["registers"],
+                                        (16, 256000), (257, 4099), PATHS["row batches"]],
+                         ids=["tiled", "tiled-short", "tiled-long", "registers", "split", "unaligned", "row-batches"])
 def test_both_kinds_of_load(model, policy, rows, cols, dtype, tdtype, evict_first):
     policy("_evict_first", lambda *_: evict_first)
     x, t = logits(rows, cols, dtype), targets(rows, cols, tdtype)
@@ -105,6 +105,9 @@ def test_both_kinds_of_load(model, policy, rows, cols, dtype, tdtype, evict_firs
     name = launched_kernel(lambda: out.append(model(x, t)))
     assert evict_first_kernel(name) == evict_first
     assert ("row_batch" in name) == ((rows, cols) == PATHS["row batches"]), name
+    if "row_batch" not in name:  # <E, Target, kTiled, kShortRows, kEvictFirst>
+        short_rows = name[name.index("<") + 1:name.rindex(">")].split(", ")[3] == "true"
+        assert short_rows == ((rows, cols) == PATHS["tiled short"]), name
     assert_matches(out[0], x, t)
 
 
@@ -407,7 +410,7 @@ def test_inf_and_nan_like_pytorch(model, row, dtype, cols):
         assert torch.allclose(got, expected, rtol=1e-2), (got, expected)
 
 
-@pytest.mark.parametrize("cols", [64, 5000], ids=["tiled", "registers"])
+@pytest.mark.parametrize("cols", [12, 64, 5000], ids=["tiled-short", "tiled", "registers"])
 def test_special_rows_poison_the_mean_like_pytorch(model, cols):
     x, t = special_rows(cols)
     for rows in ([0, 3], [0, 2], [0, 1], [0, 4], [0, 5]):

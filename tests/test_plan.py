@@ -133,13 +133,16 @@ def test_short_rows_are_staged_in_tiles_that_fill_the_gpu():
 def test_gpu_test_shapes_take_the_path_they_test(elem_bytes):
     from cases import PATHS
     assert _plan(*PATHS["tiled"], PATHS["tiled"][1], elem_bytes, 132, False).tile_rows > 0
+    assert PATHS["tiled"][1] >= 4 * 16 // elem_bytes  # the kernels of longer rows
+    assert _plan(*PATHS["tiled short"], PATHS["tiled short"][1], elem_bytes, 132, False).tile_rows > 0
+    assert PATHS["tiled short"][1] < 4 * 16 // elem_bytes  # the short rows' kernels (kShortRowElems)
     p = _plan(*PATHS["registers"], PATHS["registers"][1], elem_bytes, 132, False)
     assert p.tile_rows == p.batch_rows == 0 and not p.one_row
     assert _plan(*PATHS["row batches"], PATHS["row batches"][1], elem_bytes, 132, False).batch_rows > 0
     assert _plan(*PATHS["one row"], PATHS["one row"][1], elem_bytes, 132, False).one_row
     assert _plan(4001, 4096, 4096, elem_bytes, 132, False).batch_rows > 0  # in SHAPES: a partial last chunk
-    for cols in (64, 5000):  # special_rows
-        assert (_plan(8, cols, cols, elem_bytes, 132, False).tile_rows > 0) == (cols == 64)
+    for cols in (12, 64, 5000):  # special_rows
+        assert (_plan(8, cols, cols, elem_bytes, 132, False).tile_rows > 0) == (cols < 5000)
 
 
 def test_evict_first_tiles_of_long_enough_rows_run_fewer_ctas():
