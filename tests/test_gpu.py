@@ -82,12 +82,17 @@ def launched_kernel(fn):
     return names[0]
 
 
+def template_args(name):
+    """A launched kernel's template arguments, from its demangled name."""
+    return name[name.index("<") + 1:name.rindex(">")].split(", ")
+
+
 def evict_first_kernel(name):
     """Whether the kernel is the instance that reads the logits evict-first (its last template
     argument, kEvictFirst)."""
-    args = name[name.index("<") + 1:name.rindex(">")]
-    assert args.endswith(("true", "false")), name
-    return args.endswith("true")
+    last = template_args(name)[-1]
+    assert last in ("true", "false"), name
+    return last == "true"
 
 
 # Every kernel instance, under either kind of load: the host picks one by the logits' size, so
@@ -106,8 +111,7 @@ def test_both_kinds_of_load(model, policy, rows, cols, dtype, tdtype, evict_firs
     assert evict_first_kernel(name) == evict_first
     assert ("row_batch" in name) == ((rows, cols) == PATHS["row batches"]), name
     if "row_batch" not in name:  # <E, Target, kTiled, kShortRows, kEvictFirst>
-        short_rows = name[name.index("<") + 1:name.rindex(">")].split(", ")[3] == "true"
-        assert short_rows == ((rows, cols) == PATHS["tiled short"]), name
+        assert (template_args(name)[3] == "true") == ((rows, cols) == PATHS["tiled short"]), name
     assert_matches(out[0], x, t)
 
 
