@@ -602,21 +602,31 @@ __device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int 
 // them at 16-byte boundaries costs more than it saves. The sweeps are unrolled so that a lane's
 // loads from shared memory go out together: rolled, with the edge bookkeeping of row_lse_shared,
 // each element cost 22 instructions, and 1000000 x 10 bf16 issued 450 warp instructions per 32
-// rows, busy 66% of its cycles (ncu). Every lane of the warp must call it (len 0 for rows it skips).
-template <class E>
-__device__ __forceinline__ Lse short_row_lse_shared(const typename E::Storage* row, int len, int lane, int group) {
+// rows, busy 66% of its cycles (ncu). kStride: 1 where each thread takes whole rows (group 1, which
+// _plan gives tiles of many rows), so that the unrolled loop's trip count is len itself; 0 for a
+// group's lanes at a stride of `group`, known only at run time, whose trip count costs an integer
+// division per sweep (a row a thread that way: 1000000 x 10 bf16 took 27.1 us against 23.8).
+template <class E, int kStride>
+__device__ __forceinline__ Lse short_row_sweeps(const typename E::Storage* row, int len, int lane, int group) {
+  const int first = kStride ? 0 : lane, stride = kStride ? kStride : group;
   float m = -INFINITY;
 #pragma unroll 4
-  for (int k = lane; k < len; k += group) m = fmaxf(m, E::value(row[k]));
-  m = lanes_max(m, group);
+  for (int k = first; k < len; k += stride) m = fmaxf(m, E::value(row[k]));
+  m = lanes_max(m, stride);
   const float base = safe_base(m);
   const float s = sum_exp(base, [&](auto exponent) {
     float s0 = 0.f;
 #pragma unroll 4
-    for (int k = lane; k < len; k += group) s0 += exp2_approx(exponent(E::value(row[k])));
+    for (int k = first; k < len; k += stride) s0 += exp2_approx(exponent(E::value(row[k])));
     return s0;
   });
-  return {m, lanes_sum(s, group)};
+  return {m, lanes_sum(s, stride)};
+}
+
+// Every lane of the warp must call it (len 0 for rows it skips).
+template <class E>
+__device__ __forceinline__ Lse short_row_lse_shared(const typename E::Storage* row, int len, int lane, int group) {
+  return group == 1 ? short_row_sweeps<E, 1>(row, len, lane, group) : short_row_sweeps<E, 0>(row, len, lane, group);
 }
 
 // The rows of a tile in shared memory, a row per group at a time; leaders add their rows' losses

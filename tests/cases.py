@@ -11,10 +11,11 @@ SHAPES = [(32768, 4096), (4001, 4096), (4096, 129), (1000, 10), (1000000, 10), (
           (3, 100003), (1, 4096), (1, 32003), (1, 1), (5, 1), (2, 3), (0, 17)]
 
 # A shape for each of the kernels' paths: short rows in shared-memory tiles, rows of fewer than 4
-# vectors in tiles (their own kernels), rows in registers, rows that fill a CTA batch, a lone row
-# (test_plan checks that they take them, in every dtype).
-PATHS = {"tiled": (512, 77), "tiled short": (3000, 10), "registers": (64, 5000), "row batches": (4000, 4096),
-         "one row": (1, 4096)}
+# vectors in tiles (their own kernels), by a group of lanes each or by a thread each (several rows
+# a thread, at a stride known to the compiler), rows in registers, rows that fill a CTA batch, a
+# lone row (test_plan checks that they take them, in every dtype).
+PATHS = {"tiled": (512, 77), "tiled short": (3000, 10), "tiled short, thread per row": (200000, 12),
+         "registers": (64, 5000), "row batches": (4000, 4096), "one row": (1, 4096)}
 
 
 def logits(rows, cols, dtype, device="cuda", scale=4.0):

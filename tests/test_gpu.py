@@ -100,9 +100,10 @@ def evict_first_kernel(name):
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("tdtype", [torch.int64, torch.int32], ids=["int64", "int32"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("rows, cols", [PATHS["tiled"], PATHS["tiled short"], (300, 1000), PATHS["registers"],
-                                        (16, 256000), (257, 4099), PATHS["row batches"]],
-                         ids=["tiled", "tiled-short", "tiled-long", "registers", "split", "unaligned", "row-batches"])
+@pytest.mark.parametrize("rows, cols", [PATHS["tiled"], PATHS["tiled short"], PATHS["tiled short, thread per row"],
+                                        (300, 1000), PATHS["registers"], (16, 256000), (257, 4099), PATHS["row batches"]],
+                         ids=["tiled", "tiled-short", "tiled-short-thread", "tiled-long", "registers", "split", "unaligned",
+                              "row-batches"])
 def test_both_kinds_of_load(model, policy, rows, cols, dtype, tdtype, evict_first):
     policy("_evict_first", lambda *_: evict_first)
     x, t = logits(rows, cols, dtype), targets(rows, cols, tdtype)
@@ -111,7 +112,8 @@ def test_both_kinds_of_load(model, policy, rows, cols, dtype, tdtype, evict_firs
     assert evict_first_kernel(name) == evict_first
     assert ("row_batch" in name) == ((rows, cols) == PATHS["row batches"]), name
     if "row_batch" not in name:  # <E, Target, kTiled, kShortRows, kEvictFirst>
-        assert (template_args(name)[3] == "true") == ((rows, cols) == PATHS["tiled short"]), name
+        short = (rows, cols) in (PATHS["tiled short"], PATHS["tiled short, thread per row"])
+        assert (template_args(name)[3] == "true") == short, name
     assert_matches(out[0], x, t)
 
 
@@ -420,6 +422,22 @@ def test_special_rows_poison_the_mean_like_pytorch(model, cols):
     for rows in ([0, 3], [0, 2], [0, 1], [0, 4], [0, 5]):
         expected = torch.nn.functional.cross_entropy(x[rows], t[rows])
         torch.testing.assert_close(model(x[rows], t[rows]), expected, equal_nan=True, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("row", range(1, 6))
+def test_a_special_row_among_short_rows_of_a_thread_each(model, row, dtype):
+    """One of special_rows at a random place among short rows that take a thread each: it poisons
+    the mean, or does not, as in PyTorch."""
+    rows, cols = PATHS["tiled short, thread per row"]
+    special, special_targets = special_rows(cols)
+    x, t = logits(rows, cols, torch.float32), targets(rows, cols)
+    at = int(torch.randint(0, rows, ()))
+    x[at], t[at] = special[row], special_targets[row]
+    x = x.to(dtype)
+    expected = torch.nn.functional.cross_entropy(x.float(), t)
+    rtol = 1e-5 if dtype == torch.float32 else 1e-2  # a 16-bit result
+    torch.testing.assert_close(model(x, t).float(), expected, equal_nan=True, rtol=rtol, atol=0)
 
 
 @pytest.mark.parametrize("path", PATHS)
