@@ -1277,8 +1277,20 @@ def _tile_rows(rows, cols, row_stride, elem_bytes, max_grid):
     fit = min(_THREADS * _TILE_TARGETS, 1 + (span - cols) // stride if stride else span)
     if fit < _TILE_MIN_ROWS:
         return 0
-    # Smaller tiles where the rows would not fill every CTA with one tile each.
-    return max(1, min(fit, -(-rows // max_grid)))
+    per_cta = -(-rows // max_grid)
+    if per_cta <= _THREADS or fit < _THREADS:
+        # Smaller tiles where the rows would not fill every CTA with one tile each.
+        return max(1, min(fit, per_cta))
+    # Tiles of more rows than threads: a thread per row (the group _plan gives them), a row per
+    # sweep. A tile of whole sweeps, as many as leave the busiest CTA fewest sweeps in all (its tiles
+    # times their sweeps), the larger tile on a tie: a partial last sweep, or a last round of tiles
+    # that few CTAs take, costs the time of a whole one. (The most rows that fit instead: 1000000 x
+    # 10 fp32 in 31.7 us against 27.4, 819 rows a tile against 512; 500000 x 31 bf16 28.4 against
+    # 23.3, 528 rows against 256; 2000000 x 24 fp32 86.3 against 83.1; bench/PERF.md, session 18.)
+    def busiest(sweeps):
+        tiles = -(-rows // (sweeps * _THREADS))
+        return -(-tiles // max_grid) * sweeps
+    return _THREADS * min(range(fit // _THREADS, 0, -1), key=busiest)
 
 
 def _batch_rows(rows, cols, row_stride, elem_bytes, num_sms, aligned):

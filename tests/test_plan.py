@@ -120,13 +120,31 @@ def test_few_long_rows_are_split_across_ctas():
 
 
 def test_short_rows_are_staged_in_tiles_that_fill_the_gpu():
-    p = _plan(1000000, 10, 10, 2, 132, False)  # 20-byte rows: a thread per row, the most rows a tile takes
-    assert p.group == 1 and p.tile_rows == model_new._THREADS * model_new._TILE_TARGETS
+    p = _plan(1000000, 10, 10, 2, 132, False)  # 20-byte rows: a thread per row, tiles of whole sweeps
+    assert p.group == 1 and p.tile_rows % model_new._THREADS == 0 and p.chunks > 132 * model_new._CTAS_PER_SM
     p = _plan(65536, 1000, 1000, 2, 132, False)  # 2000-byte rows: 16 to a 32 KB tile, 16 threads each
     assert p.tile_rows == 16 and p.group == 16 and p.chunks == 4096
     p = _plan(4096, 129, 129, 4, 132, False)  # a small problem: tiles shrink until every CTA has one
     assert p.grid == p.chunks > 0.9 * 132 * model_new._CTAS_PER_SM and p.group * p.tile_rows <= model_new._THREADS
     assert _plan(1, 4096, 4096, 2, 132, False).tile_rows == 0  # 8 KB: too long to stage
+
+
+def test_tiles_of_many_rows_take_whole_sweeps_that_even_out_the_ctas():
+    """A thread per row, a row per sweep: tiles of whole sweeps (256 rows), as many as leave the
+    busiest of the 396 CTAs the fewest sweeps in all, the larger tile on a tie."""
+    sweep = model_new._THREADS
+    assert sweep == 256 and model_new._CTAS_PER_SM == 3  # the figures below
+    for rows, cols, elem_bytes, tile_rows in [
+        (1000000, 10, 2, 2 * sweep),  # 1024 rows fit: 977 tiles, 3 to the busiest CTA, 12 sweeps; 1954 tiles of 2: 10
+        (1000000, 10, 4, 2 * sweep),  # 819 fit: 1303 tiles of 3 sweeps, 4 to a CTA, 12; 1954 of 2: 10
+        (4000000, 10, 2, 4 * sweep),  # 3907 tiles of 4 sweeps, 10 to a CTA, 40: nothing smaller has fewer
+        (500000, 31, 2, sweep),       # 528 fit: 977 tiles of 2 sweeps, 3 to a CTA, 6; 1954 of 1: 5
+        (300000, 20, 2, 3 * sweep),   # one tile a CTA: 391 tiles of 3 sweeps
+        (2000000, 24, 4, sweep),      # rows of 6 vectors (the longer rows' kernels): 341 fit, one sweep
+    ]:
+        p = _plan(rows, cols, cols, elem_bytes, 132, False)
+        assert p.group == 1 and p.tile_rows == tile_rows and p.chunks == -(-rows // tile_rows), (rows, cols, p)
+    assert _plan(100000, 10, 10, 4, 132, False).tile_rows == 253  # fewer rows than threads per CTA: one tile each
 
 
 @pytest.mark.parametrize("elem_bytes", [4, 2])
