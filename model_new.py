@@ -1346,7 +1346,8 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
             max_grid, tile_rows = fewer, fewer_rows
     if tile_rows:
         # A group of a power of two threads (at most a warp) per row, so that the CTA's groups
-        # cover the tile's rows about once over.
+        # cover the tile's rows about once over; a thread per row where a tile has more rows than
+        # the CTA has threads (whole sweeps of them: _tile_rows).
         group = 1 << min(5, max(0, (_THREADS // tile_rows).bit_length() - 1))
         chunks = -(-rows // tile_rows)
         return _Plan(max(1, min(max_grid, chunks)), group, 1, -(-cols // per_vec) * per_vec, 1, chunks, tile_rows)

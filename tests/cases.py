@@ -6,7 +6,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # (rows, cols): the headline shape, widths that are not a multiple of any vector width, rows split
 # across CTAs (16 x 256000), one row (1 x 32003: a CTA of 1024 threads in fp32), one class, and
 # short rows read in shared-memory tiles, a thread per row at 10 columns (1000000 x 10: tiles of
-# 512 rows, two per thread, and CTAs take several).
+# 512 rows, two sweeps of a CTA's threads, and CTAs take several).
 SHAPES = [(32768, 4096), (4001, 4096), (4096, 129), (1000, 10), (1000000, 10), (257, 4099), (16, 256000),
           (3, 100003), (1, 4096), (1, 32003), (1, 1), (5, 1), (2, 3), (0, 17)]
 
