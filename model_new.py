@@ -1266,8 +1266,8 @@ def _pow2_at_least(x):
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def _tile_rows(rows, cols, row_stride, elem_bytes, max_grid):
-    """Rows per shared-memory tile for short rows, or 0 where rows are too long to stage. A tile is
+def _tile_fit(rows, cols, row_stride, elem_bytes):
+    """The most rows a shared-memory tile holds, or 0 where rows are too long to stage. A tile is
     the stretch from its first row's first element to its last row's last, gaps included, so rows
     further apart than a little over their length are not staged: the gaps would be read too."""
     span = _TILE_BYTES // elem_bytes
@@ -1275,8 +1275,11 @@ def _tile_rows(rows, cols, row_stride, elem_bytes, max_grid):
     if cols > span or stride > cols + max(cols // 8, 32 // elem_bytes):
         return 0
     fit = min(_THREADS * _TILE_TARGETS, 1 + (span - cols) // stride if stride else span)
-    if fit < _TILE_MIN_ROWS:
-        return 0
+    return fit if fit >= _TILE_MIN_ROWS else 0
+
+
+def _tile_rows(rows, fit, max_grid):
+    """Rows per tile, at most `fit` (_tile_fit, nonzero), for a grid of max_grid CTAs."""
     per_cta = -(-rows // max_grid)
     if per_cta <= _THREADS or fit < _THREADS:
         # Smaller tiles where the rows would not fill every CTA with one tile each.
@@ -1328,7 +1331,8 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
     batch_rows = _batch_rows(rows, cols, row_stride, elem_bytes, num_sms, aligned) if row_batches else 0
     if batch_rows:
         return _Plan(max_grid, _THREADS, 1, cols, 1, -(-rows // batch_rows), 0, batch_rows)
-    tile_rows = _tile_rows(rows, cols, row_stride, elem_bytes, max_grid)
+    fit = _tile_fit(rows, cols, row_stride, elem_bytes)
+    tile_rows = _tile_rows(rows, fit, max_grid) if fit else 0
     if tile_rows and evict_first and not fast_memory and cols * elem_bytes >= _EVICT_FIRST_TILE_MIN_ROW:
         # Evict-first tiles stream faster with fewer of them in flight: 2 CTAs per SM read 65536 x
         # 1000 bf16 in 54.1 us against 57.1, 200000 x 200 fp32 in 64.5 against 67.6, 4096 x 129
@@ -1339,7 +1343,7 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
         # (_fast_memory): there evict-first tiles on every CTA read 65536 x 1000 bf16 in 44.9 us, on
         # 2 per SM in 50.4 (47.3 plain).
         fewer = num_sms * _EVICT_FIRST_TILE_CTAS
-        fewer_rows = _tile_rows(rows, cols, row_stride, elem_bytes, fewer)
+        fewer_rows = _tile_rows(rows, fit, fewer)
         one_wave_of_every_cta = -(-rows // tile_rows) <= max_grid
         one_wave_of_fewer = -(-rows // fewer_rows) <= fewer
         if one_wave_of_fewer or not one_wave_of_every_cta:
@@ -1430,7 +1434,7 @@ def _plan_on(device_index, rows, cols, row_stride, elem_bytes, aligned):
     fast_memory = _fast_memory(gpu)
     may_batch_rows = not fast_memory or logit_bytes <= _FAST_MEMORY_L2S * l2_bytes
     row_batches = may_batch_rows and _batch_rows(rows, cols, row_stride, elem_bytes, num_sms, aligned) > 0
-    tiles = not row_batches and _tile_rows(rows, cols, row_stride, elem_bytes, num_sms * _CTAS_PER_SM) > 0
+    tiles = not row_batches and _tile_fit(rows, cols, row_stride, elem_bytes) > 0
     evict_first = _evict_first(logit_bytes, l2_bytes, elem_bytes, row_batches, tiles, fast_memory)
     plan = _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned, may_batch_rows, fast_memory)
     return plan, evict_first
