@@ -346,15 +346,18 @@ __device__ __forceinline__ int edge_number(const Aligned& cut, int e) {
   return e < cut.head ? e : e - cut.nvec * E::kPerVec;
 }
 
-// Element i of vector u of a batch, u and i known only at run time: selects, so that the batch
-// stays in registers (an indexed register array would go to local memory).
-template <class E>
-__device__ __forceinline__ float batch_element(const uint4 (&buf)[kBatch], int u, int i) {
-  uint4 v = buf[0];
+// Vector `slot` of an array held in registers, slot known only at run time. Masks, not
+// `if (slot == j) q = v[j]`: from that, the compiler derived v[slot], an indexed load that put the
+// whole array in local memory.
+template <int N>
+__device__ __forceinline__ uint4 vector_at(const uint4 (&v)[N], uint32_t slot) {
+  uint4 q = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-  for (int k = 1; k < kBatch; ++k)
-    if (u == k) v = buf[k];
-  return E::at(v, i);
+  for (int j = 0; j < N; ++j) {
+    const uint32_t keep = 0u - uint32_t(slot == uint32_t(j));
+    q = make_uint4(q.x | (v[j].x & keep), q.y | (v[j].y & keep), q.z | (v[j].z & keep), q.w | (v[j].w & keep));
+  }
+  return q;
 }
 
 // Folds columns [0, len) of `seg` into this thread's (m, s). The 16-byte-aligned body streams
@@ -410,7 +413,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   for (; v0 + (kBatch - 1) * group < nvec; v0 += kBatch * group, t_u -= kBatch) {
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) buf[u] = load_vec<kEvictFirst>(body + v0 + u * group);
-    if (unsigned(t_u) < unsigned(kBatch)) x_t = batch_element<E>(buf, t_u, t_elem);
+    if (unsigned(t_u) < unsigned(kBatch)) x_t = E::at(vector_at(buf, t_u), t_elem);
     st = lse_add_batch<E>(st, buf);
   }
   // The last, partial batch: missing vectors read as -inf, which adds nothing.
@@ -419,7 +422,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
     const int nvalid = (nvec - v0 + group - 1) >> group_shift;  // this lane's vectors in the batch
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) buf[u] = u < nvalid ? load_vec<kEvictFirst>(body + v0 + u * group) : neg_inf;
-    if (unsigned(t_u) < unsigned(kBatch)) x_t = batch_element<E>(buf, t_u, t_elem);
+    if (unsigned(t_u) < unsigned(kBatch)) x_t = E::at(vector_at(buf, t_u), t_elem);
     st = lse_add_batch<E>(st, buf, nvalid);
   }
   return st;
@@ -491,20 +494,6 @@ __device__ __forceinline__ TargetWords load_target_words(const Params& p, long l
 }
 __device__ __forceinline__ long long target_value(const Params& p, TargetWords w) {
   return p.target_bytes == 8 ? (long long)(uint64_t(w.hi) << 32 | w.lo) : (long long)int(w.lo);
-}
-
-// Vector `slot` of an array held in registers, slot known only at run time. Masks, not
-// `if (slot == j) q = v[j]`: from that, the compiler derived v[slot], an indexed load that put the
-// whole array in local memory.
-template <int N>
-__device__ __forceinline__ uint4 vector_at(const uint4 (&v)[N], uint32_t slot) {
-  uint4 q = make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    const uint32_t keep = 0u - uint32_t(slot == uint32_t(j));
-    q = make_uint4(q.x | (v[j].x & keep), q.y | (v[j].y & keep), q.z | (v[j].z & keep), q.w | (v[j].w & keep));
-  }
-  return q;
 }
 
 // A 16-byte store to a shared-memory address held in one 32-bit register: through a generic
