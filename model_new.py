@@ -135,7 +135,9 @@ struct Packed16 {
     const uint32_t w = word(v, i >> 1);
     return Format::value(Storage((i & 1) ? w >> 16 : w));
   }
-  __device__ static float word_max(uint32_t w) { return fmaxf(Format::value(Storage(w)), Format::value(Storage(w >> 16))); }
+  __device__ static float low(uint32_t w) { return Format::value(Storage(w)); }
+  __device__ static float high(uint32_t w) { return Format::value(Storage(w >> 16)); }
+  __device__ static float word_max(uint32_t w) { return fmaxf(low(w), high(w)); }
 };
 
 struct BF16 : Packed16<BF16> {
@@ -435,9 +437,10 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
 // (kBatch per thread, 32 KB) into registers, then stores to shared memory, where groups reduce
 // the rows. The next tile's loads are issued before the rows of this one are reduced, so each
 // CTA keeps a tile in flight all the time; the target logit comes from shared memory too. Rows of
-// fewer than 4 vectors (kShortRowElems) are reduced element by element, in kernels of their own.
-// (cp.async into two stages of shared memory instead, which frees those registers and keeps up to
-// two tiles in flight, measured slower: bench/PERF.md.)
+// fewer than 4 vectors (kShortRowElems) are reduced element by element, or 16-bit ones in 32-bit
+// pairs, in kernels of their own (tile_row_lse). (cp.async into two stages of shared memory
+// instead, which frees those registers and keeps up to two tiles in flight, measured slower:
+// bench/PERF.md.)
 constexpr int kTileVecs = kThreads * kBatch;         // whole vectors a tile's stretch may hold
 constexpr int kTileRows = kThreads * kTileTargets;   // rows a tile may hold
 constexpr int kTargetIgnored = -1, kTargetBad = -2;  // targets as stored in shared memory (tiles, the segment merge)
@@ -538,8 +541,8 @@ struct TileLoads {
   }
 };
 
-// Rows shorter than this many elements (4 vectors) are reduced element by element, in kernels of
-// their own (short_row_lse_shared).
+// Rows shorter than this many elements (4 vectors) are reduced element by element or in pairs, in
+// kernels of their own (short_row_lse_shared, short_row_pair_sweeps).
 template <class E>
 constexpr int kShortRowElems = 4 * E::kPerVec;
 
@@ -618,10 +621,52 @@ __device__ __forceinline__ Lse short_row_lse_shared(const typename E::Storage* r
   return group == 1 ? short_row_sweeps<E, 1>(row, len, lane, group) : short_row_sweeps<E, 0>(row, len, lane, group);
 }
 
+// 16-bit rows of fewer than kShortRowElems elements, a thread each, that start on a 4-byte
+// boundary and hold an even number of elements (pair_rows): the same two sweeps over 32-bit words,
+// so that one load from shared memory brings two elements and the max sweep runs on the packed
+// pairs (the format's max2). Where rows may start on either parity, the elements at either end
+// cost more bookkeeping than the pairs saved at 10 columns (bench/PERF.md, session 18); here there
+// are none, and kernels of their own keep the other short rows' code as it was (in one kernel,
+// rows of 3 and 31 columns lost 0.4 us).
+template <class E>
+__device__ __forceinline__ Lse short_row_pair_sweeps(const typename E::Storage* row, int len) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(row);
+  const int n = len >> 1;
+  uint32_t mx = E::kNegInfWord;
+#pragma unroll 4
+  for (int k = 0; k < n; ++k) mx = E::max2(mx, words[k]);
+  const float m = E::word_max(mx);
+  const float base = safe_base(m);
+  const float s = sum_exp(base, [&](auto exponent) {
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll 4
+    for (int k = 0; k < n; ++k) {
+      const uint32_t w = words[k];
+      s0 += exp2_approx(exponent(E::low(w)));
+      s1 += exp2_approx(exponent(E::high(w)));
+    }
+    return s0 + s1;
+  });
+  return {m, s};
+}
+
+// How a tile's rows are reduced, a kernel each: rows of kShortRowElems elements or more cut at
+// 16-byte boundaries (row_lse_shared), shorter ones element by element (short_row_lse_shared), or
+// in 32-bit pairs (short_row_pair_sweeps).
+constexpr int kVectorSweeps = 0, kElementSweeps = 1, kPairSweeps = 2;
+
+// The (m, s) of the row at elements [start, start + len) of the tile.
+template <class E, int kSweeps>
+__device__ __forceinline__ Lse tile_row_lse(const uint4* vecs, int start, int len, int lane, int group) {
+  const auto* elems = reinterpret_cast<const typename E::Storage*>(vecs);
+  if constexpr (kSweeps == kPairSweeps) return short_row_pair_sweeps<E>(elems + start, len);
+  else if constexpr (kSweeps == kElementSweeps) return short_row_lse_shared<E>(elems + start, len, lane, group);
+  else return row_lse_shared<E>(vecs, start, len, lane, group);
+}
+
 // The rows of a tile in shared memory, a row per group at a time; leaders add their rows' losses
-// and count those of ignore_index. kShortRows: rows of fewer than kShortRowElems elements (see the
-// kernel).
-template <class E, bool kShortRows>
+// and count those of ignore_index. kSweeps: how each row is reduced (tile_row_lse).
+template <class E, int kSweeps>
 __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t, const uint4* vecs, const int* targets,
                                           int lane, int group, float& loss_sum, unsigned int& ignored) {
   const auto* elems = reinterpret_cast<const typename E::Storage*>(vecs);
@@ -636,8 +681,7 @@ __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t,
     const int start = tile_index(t, r * int(p.row_stride));
     // Ignored rows and bad targets need no sum: they read nothing.
     const int len = target >= 0 ? int(p.cols) : 0;
-    const Lse st = kShortRows ? short_row_lse_shared<E>(elems + start, len, lane, group)
-                              : row_lse_shared<E>(vecs, start, len, lane, group);
+    const Lse st = tile_row_lse<E, kSweeps>(vecs, start, len, lane, group);
     if (lane == 0 && r < t.rows) {
       if (target == kTargetIgnored) ++ignored;
       else loss_sum += target >= 0 ? row_loss(st, E::value(elems[start + target])) : __int_as_float(0x7fc00000);
@@ -821,12 +865,11 @@ __device__ __forceinline__ void store_mean(const Params& p, Total total) {
 
 // ------------------------------------------------------------------ the kernel
 // kTiled: a chunk is a tile of whole short rows, staged through shared memory; otherwise rows
-// (or segments) stream through registers, a group per item. kShortRows (tiles only): rows of fewer
-// than kShortRowElems elements, reduced element by element (short_row_lse_shared); kernels of their
-// own, because with both row paths in one kernel the tiles of longer rows ran 0.4-0.9 us slower
-// (65536 x 1000 bf16, 262144 x 250 bf16, 200000 x 200 fp32). kEvictFirst: the loads of the logits
-// (see load_vec).
-template <class E, class Target, bool kTiled, bool kShortRows, bool kEvictFirst>
+// (or segments) stream through registers, a group per item. kSweeps (tiles only): how each row is
+// reduced (tile_row_lse); kernels of their own, because with both the vector and the element sweeps
+// in one kernel the tiles of longer rows ran 0.4-0.9 us slower (65536 x 1000 bf16, 262144 x 250
+// bf16, 200000 x 200 fp32). kEvictFirst: the loads of the logits (see load_vec).
+template <class E, class Target, bool kTiled, int kSweeps, bool kEvictFirst>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kernel(const Params p) {
   __shared__ float4 warp_state[2][kWarps];     // (m, s, target logit or 0, unused) per warp, by item parity
   __shared__ float warp_sums[2][kWarps];       // loss sum per warp, by chunk parity
@@ -876,7 +919,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
       tile.store(p, span, tile_vecs, tile_targets);
       if (next_chunk < p.chunks) tile.issue(p, tile_span<E>(p, next_chunk));
       __syncthreads();
-      tile_loss<E, kShortRows>(p, span, tile_vecs, tile_targets, lane, group, loss_sum, ignored);
+      tile_loss<E, kSweeps>(p, span, tile_vecs, tile_targets, lane, group, loss_sum, ignored);
     }
     for (int r = 0; !kTiled && r < rounds; ++r, item_parity ^= 1) {
       const long long item = item_of(chunk, r);
@@ -1129,16 +1172,27 @@ __global__ void __launch_bounds__(kOneRowThreads) cross_entropy_mean_one_row_ker
   }
 }
 
+// Whether the pair sweeps may take a tile of short rows (short_row_pair_sweeps): 16-bit rows a
+// thread each (group 1), an even number of elements long and apart, from logits on a 4-byte
+// boundary. Every row then starts on one in shared memory too, where the tile's first element sits
+// at its offset from the 16-byte grid (tile_index).
+template <class E>
+bool pair_rows(const Params& p) {
+  return E::kPerVec == 8 && p.group == 1 && (p.cols | p.row_stride) % 2 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 4 == 0;
+}
+
 template <class E, class Target, bool kEvictFirst>
 void launch_typed(const Params& p, int grid, cudaStream_t stream) {
   const size_t seg_smem = p.splits > 1 ? kSegSlab * sizeof(float4) + kThreads * sizeof(int) : 0;
   if (p.one_row) cross_entropy_mean_one_row_kernel<E><<<1, p.group, 0, stream>>>(p);
   else if (p.batch_rows == 1) cross_entropy_mean_row_batch_kernel<E, 1, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   else if (p.batch_rows == 2) cross_entropy_mean_row_batch_kernel<E, 2, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.tile_rows > 0 && p.cols < kShortRowElems<E>)
-    cross_entropy_mean_kernel<E, Target, true, true, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.tile_rows > 0) cross_entropy_mean_kernel<E, Target, true, false, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
-  else cross_entropy_mean_kernel<E, Target, false, false, kEvictFirst><<<grid, kThreads, seg_smem, stream>>>(p);
+  else if (p.tile_rows > 0 && p.cols < kShortRowElems<E> && pair_rows<E>(p)) {
+    if constexpr (E::kPerVec == 8) cross_entropy_mean_kernel<E, Target, true, kPairSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  } else if (p.tile_rows > 0 && p.cols < kShortRowElems<E>)
+    cross_entropy_mean_kernel<E, Target, true, kElementSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.tile_rows > 0) cross_entropy_mean_kernel<E, Target, true, kVectorSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  else cross_entropy_mean_kernel<E, Target, false, kVectorSweeps, kEvictFirst><<<grid, kThreads, seg_smem, stream>>>(p);
 }
 
 template <class E, class Target>

@@ -101,9 +101,10 @@ def evict_first_kernel(name):
 @pytest.mark.parametrize("tdtype", [torch.int64, torch.int32], ids=["int64", "int32"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("rows, cols", [PATHS["tiled"], PATHS["tiled short"], PATHS["tiled short, thread per row"],
-                                        (300, 1000), PATHS["registers"], (16, 256000), (257, 4099), PATHS["row batches"]],
-                         ids=["tiled", "tiled-short", "tiled-short-thread", "tiled-long", "registers", "split", "unaligned",
-                              "row-batches"])
+                                        PATHS["tiled short, thread per row, odd width"], (300, 1000), PATHS["registers"],
+                                        (16, 256000), (257, 4099), PATHS["row batches"]],
+                         ids=["tiled", "tiled-short", "tiled-short-thread", "tiled-short-thread-odd", "tiled-long",
+                              "registers", "split", "unaligned", "row-batches"])
 def test_both_kinds_of_load(model, policy, rows, cols, dtype, tdtype, evict_first):
     policy("_evict_first", lambda *_: evict_first)
     x, t = logits(rows, cols, dtype), targets(rows, cols, tdtype)
@@ -111,10 +112,42 @@ def test_both_kinds_of_load(model, policy, rows, cols, dtype, tdtype, evict_firs
     name = launched_kernel(lambda: out.append(model(x, t)))
     assert evict_first_kernel(name) == evict_first
     assert ("row_batch" in name) == ((rows, cols) == PATHS["row batches"]), name
-    if "row_batch" not in name:  # <E, Target, kTiled, kShortRows, kEvictFirst>
-        short = (rows, cols) in (PATHS["tiled short"], PATHS["tiled short, thread per row"])
-        assert (template_args(name)[3] == "true") == short, name
+    if "row_batch" not in name:  # <E, Target, kTiled, kSweeps, kEvictFirst>
+        assert template_args(name)[3] == sweeps_expected(rows, cols, dtype), name
     assert_matches(out[0], x, t)
+
+
+def sweeps_expected(rows, cols, dtype):
+    """The kSweeps argument of the kernel that takes a contiguous (rows, cols) tensor: 0 vectors,
+    1 elements, 2 pairs (16-bit short rows a thread each, of an even width)."""
+    if (rows, cols) == PATHS["tiled short, thread per row"]:
+        return "1" if dtype == torch.float32 else "2"
+    return "1" if (rows, cols) in (PATHS["tiled short"], PATHS["tiled short, thread per row, odd width"]) else "0"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_short_rows_in_pairs_only_where_every_row_starts_on_a_word(model, dtype):
+    """16-bit short rows a thread each are read from shared memory in 32-bit pairs where every row
+    starts on a 4-byte boundary and has an even length, wherever the tile starts against the 16-byte
+    grid; any other view takes the element sweeps. Both give the float64 loss."""
+    rows, cols = PATHS["tiled short, thread per row"]
+    t = targets(rows, cols)
+    wide = logits(rows + 1, cols + 4, dtype)
+    flat = logits(1, rows * cols + 2, dtype)[0]
+    cases = [
+        ("contiguous", logits(rows, cols, dtype), True),
+        ("even row stride", wide[:rows, :cols], True),
+        ("4 bytes past the 16-byte grid", wide[1:, 2:cols + 2], True),
+        ("dense, 4 bytes past the grid", flat[2:].view(rows, cols), True),
+        ("odd start", wide[:rows, 1:cols + 1], False),
+        ("odd row stride", logits(rows, cols + 1, dtype)[:, :cols], False),
+        ("odd width", logits(rows, cols + 1, dtype), False),
+    ]
+    for name, x, pairs in cases:
+        out = []
+        kernel = launched_kernel(lambda: out.append(model(x, t)))
+        assert template_args(kernel)[3] == ("2" if pairs else "1"), (name, kernel)
+        assert_matches(out[0], x, t)
 
 
 def test_the_memory_regime_of_a_known_gpu():

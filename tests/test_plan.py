@@ -155,9 +155,11 @@ def test_gpu_test_shapes_take_the_path_they_test(elem_bytes):
     assert _plan(*PATHS["tiled short"], PATHS["tiled short"][1], elem_bytes, 132, False).tile_rows > 0
     assert PATHS["tiled short"][1] < 4 * 16 // elem_bytes  # the short rows' kernels (kShortRowElems)
     assert _plan(*PATHS["tiled short"], PATHS["tiled short"][1], elem_bytes, 132, False).group > 1
-    rows, cols = PATHS["tiled short, thread per row"]
-    p = _plan(rows, cols, cols, elem_bytes, 132, False)
-    assert cols < 4 * 16 // elem_bytes and p.group == 1 and p.tile_rows > model_new._THREADS  # rows a thread
+    for path in ("tiled short, thread per row", "tiled short, thread per row, odd width"):
+        rows, cols = PATHS[path]
+        p = _plan(rows, cols, cols, elem_bytes, 132, False)
+        assert cols < 4 * 16 // elem_bytes and p.group == 1 and p.tile_rows > model_new._THREADS  # rows a thread
+    assert PATHS["tiled short, thread per row"][1] % 2 == 0 and PATHS["tiled short, thread per row, odd width"][1] % 2
     p = _plan(*PATHS["registers"], PATHS["registers"][1], elem_bytes, 132, False)
     assert p.tile_rows == p.batch_rows == 0 and not p.one_row
     assert _plan(*PATHS["row batches"], PATHS["row batches"][1], elem_bytes, 132, False).batch_rows > 0
