@@ -133,7 +133,7 @@ struct Packed16 {
   static constexpr int kPerVec = 8;
   __device__ static float at(const uint4& v, int i) {
     const uint32_t w = word(v, i >> 1);
-    return Format::value(Storage((i & 1) ? w >> 16 : w));
+    return low((i & 1) ? w >> 16 : w);
   }
   __device__ static float low(uint32_t w) { return Format::value(Storage(w)); }
   __device__ static float high(uint32_t w) { return Format::value(Storage(w >> 16)); }
@@ -542,7 +542,7 @@ struct TileLoads {
 };
 
 // Rows shorter than this many elements (4 vectors) are reduced element by element or in pairs, in
-// kernels of their own (short_row_lse_shared, short_row_pair_sweeps).
+// kernels of their own (short_row_sweeps, short_row_pair_sweeps).
 template <class E>
 constexpr int kShortRowElems = 4 * E::kPerVec;
 
@@ -551,7 +551,7 @@ constexpr int kShortRowElems = 4 * E::kPerVec;
 // less than rescaling a running sum batch by batch, and holds no batch in registers while the
 // next tile's loads do. The row is elements [start, start + len) of the tile, whose slot 0 is
 // 16-byte aligned, so the row's cut at 16-byte boundaries follows from start alone. Rows of
-// kShortRowElems elements or more (shorter ones: short_row_lse_shared). Every lane of the warp must
+// kShortRowElems elements or more (shorter ones: tile_row_lse). Every lane of the warp must
 // call it (len 0 for rows it skips).
 template <class E>
 __device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int len, int lane, int group) {
@@ -615,12 +615,6 @@ __device__ __forceinline__ Lse short_row_sweeps(const typename E::Storage* row, 
   return {m, lanes_sum(s, stride)};
 }
 
-// Every lane of the warp must call it (len 0 for rows it skips).
-template <class E>
-__device__ __forceinline__ Lse short_row_lse_shared(const typename E::Storage* row, int len, int lane, int group) {
-  return group == 1 ? short_row_sweeps<E, 1>(row, len, lane, group) : short_row_sweeps<E, 0>(row, len, lane, group);
-}
-
 // 16-bit rows of fewer than kShortRowElems elements, a thread each, that start on a 4-byte
 // boundary and hold an even number of elements (pair_rows): the same two sweeps over 32-bit words,
 // so that one load from shared memory brings two elements and the max sweep runs on the packed
@@ -651,16 +645,18 @@ __device__ __forceinline__ Lse short_row_pair_sweeps(const typename E::Storage* 
 }
 
 // How a tile's rows are reduced, a kernel each: rows of kShortRowElems elements or more cut at
-// 16-byte boundaries (row_lse_shared), shorter ones element by element (short_row_lse_shared), or
-// in 32-bit pairs (short_row_pair_sweeps).
+// 16-byte boundaries (row_lse_shared), shorter ones element by element (short_row_sweeps, at a
+// stride of 1 where a thread takes whole rows), or in 32-bit pairs (short_row_pair_sweeps).
 constexpr int kVectorSweeps = 0, kElementSweeps = 1, kPairSweeps = 2;
 
-// The (m, s) of the row at elements [start, start + len) of the tile.
+// The (m, s) of the row at elements [start, start + len) of the tile. Every lane of the warp must
+// call it (len 0 for rows it skips).
 template <class E, int kSweeps>
 __device__ __forceinline__ Lse tile_row_lse(const uint4* vecs, int start, int len, int lane, int group) {
-  const auto* elems = reinterpret_cast<const typename E::Storage*>(vecs);
-  if constexpr (kSweeps == kPairSweeps) return short_row_pair_sweeps<E>(elems + start, len);
-  else if constexpr (kSweeps == kElementSweeps) return short_row_lse_shared<E>(elems + start, len, lane, group);
+  const auto* row = reinterpret_cast<const typename E::Storage*>(vecs) + start;
+  if constexpr (kSweeps == kPairSweeps) return short_row_pair_sweeps<E>(row, len);
+  else if constexpr (kSweeps == kElementSweeps)
+    return group == 1 ? short_row_sweeps<E, 1>(row, len, lane, group) : short_row_sweeps<E, 0>(row, len, lane, group);
   else return row_lse_shared<E>(vecs, start, len, lane, group);
 }
 
@@ -1172,13 +1168,13 @@ __global__ void __launch_bounds__(kOneRowThreads) cross_entropy_mean_one_row_ker
   }
 }
 
-// Whether the pair sweeps may take a tile of short rows (short_row_pair_sweeps): 16-bit rows a
+// Whether the pair sweeps may take a tile of short 16-bit rows (short_row_pair_sweeps): rows a
 // thread each (group 1), an even number of elements long and apart, from logits on a 4-byte
 // boundary. Every row then starts on one in shared memory too, where the tile's first element sits
-// at its offset from the 16-byte grid (tile_index).
-template <class E>
+// at its offset from the 16-byte grid (tile_index). (launch_typed asks only for 16-bit logits, and
+// instantiates the pair kernels for them alone.)
 bool pair_rows(const Params& p) {
-  return E::kPerVec == 8 && p.group == 1 && (p.cols | p.row_stride) % 2 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 4 == 0;
+  return p.group == 1 && (p.cols | p.row_stride) % 2 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 4 == 0;
 }
 
 template <class E, class Target, bool kEvictFirst>
@@ -1187,7 +1183,7 @@ void launch_typed(const Params& p, int grid, cudaStream_t stream) {
   if (p.one_row) cross_entropy_mean_one_row_kernel<E><<<1, p.group, 0, stream>>>(p);
   else if (p.batch_rows == 1) cross_entropy_mean_row_batch_kernel<E, 1, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   else if (p.batch_rows == 2) cross_entropy_mean_row_batch_kernel<E, 2, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.tile_rows > 0 && p.cols < kShortRowElems<E> && pair_rows<E>(p)) {
+  else if (p.tile_rows > 0 && p.cols < kShortRowElems<E> && E::kPerVec == 8 && pair_rows(p)) {
     if constexpr (E::kPerVec == 8) cross_entropy_mean_kernel<E, Target, true, kPairSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   } else if (p.tile_rows > 0 && p.cols < kShortRowElems<E>)
     cross_entropy_mean_kernel<E, Target, true, kElementSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
