@@ -9,6 +9,7 @@ import pytest
 import model_new
 
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+PTXAS = os.path.join(os.path.dirname(os.path.realpath(NVCC)), "ptxas") if NVCC else None
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
@@ -16,7 +17,8 @@ NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/u
 def test_compiles_without_spills(arch, tmp_path):
     src = tmp_path / "cross_entropy.cu"
     src.write_text(model_new._CUDA_SRC)
-    flags = model_new._nvcc_flags([f"-gencode=arch=compute_{arch},code=sm_{arch}"])
+    # The flags the import builds with, this toolkit's parallel ptxas included where it has it.
+    flags = model_new._nvcc_flags([f"-gencode=arch=compute_{arch},code=sm_{arch}"], PTXAS)
     proc = subprocess.run([NVCC, "-c", *flags, "-Xptxas", "-v,-warn-spills,-warn-lmem-usage", str(src),
                            "-o", str(tmp_path / "ce.o")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -46,3 +48,20 @@ def test_cpp_binding_declares_what_cuda_defines():
     decl = re.search(r"void launch_cross_entropy_mean\(([^)]*)\);", model_new._CPP_SRC).group(1)
     defn = re.search(r"void launch_cross_entropy_mean\(([^)]*)\) \{", model_new._CUDA_SRC).group(1)
     assert " ".join(decl.split()) == " ".join(defn.split())
+
+
+def _fake_ptxas(path, usage):
+    path.write_text(f"#!/bin/sh\necho '{usage}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_ptxas_runs_on_every_core_only_where_it_can(tmp_path):
+    new = _fake_ptxas(tmp_path / "ptxas_new", "--split-compile <N>  (-split-compile)")
+    old = _fake_ptxas(tmp_path / "ptxas_old", "--maxrregcount <N>  (-maxrregcount)")
+    assert model_new._parallel_ptxas_flags(new) == ["-Xptxas", "-split-compile=0"]
+    assert model_new._parallel_ptxas_flags(old) == []
+    assert model_new._parallel_ptxas_flags(str(tmp_path / "missing")) == []
+    assert model_new._parallel_ptxas_flags(None) == []
+    assert model_new._nvcc_flags(["-arch=sm_90"], new)[-2:] == ["-Xptxas", "-split-compile=0"]
+
