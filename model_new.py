@@ -105,7 +105,10 @@ struct Params {
 
 // ------------------------------------------------------------------ element formats
 // Each format turns the words of a 16-byte vector, or one stored element, into floats, and stores
-// the result. Conversions are spelled in PTX so the file needs no fp16 headers.
+// the result. Conversions are spelled in PTX so the file needs no fp16 headers. A Pair is two
+// neighbouring elements read from shared memory in one load (short_row_pair_sweeps): a 32-bit word
+// of a 16-bit format, 8 bytes of float32; low() and high() unpack it, pair_max() takes the max of
+// two pairs element by element, and word_max() the larger element of one.
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -124,6 +127,13 @@ struct F32 {
   __device__ static float word_max(uint32_t w) { return __uint_as_float(w); }
   __device__ static float value(Storage x) { return x; }
   __device__ static void store(void* out, float v) { *static_cast<float*>(out) = v; }
+
+  using Pair = float2;
+  __device__ static Pair neg_inf_pair() { return make_float2(-INFINITY, -INFINITY); }
+  __device__ static Pair pair_max(Pair a, Pair b) { return make_float2(fmaxf(a.x, b.x), fmaxf(a.y, b.y)); }
+  __device__ static float low(Pair w) { return w.x; }
+  __device__ static float high(Pair w) { return w.y; }
+  __device__ static float word_max(Pair w) { return fmaxf(w.x, w.y); }
 };
 
 // The 16-bit formats: two elements per word, the low half first. Unpacking follows from the
@@ -131,6 +141,7 @@ struct F32 {
 template <class Format>
 struct Packed16 {
   using Storage = unsigned short;
+  using Pair = uint32_t;
   static constexpr int kPerVec = 8;
   __device__ static float at(const uint4& v, int i) {
     const uint32_t w = word(v, i >> 1);
@@ -139,6 +150,8 @@ struct Packed16 {
   __device__ static float low(uint32_t w) { return Format::value(Storage(w)); }
   __device__ static float high(uint32_t w) { return Format::value(Storage(w >> 16)); }
   __device__ static float word_max(uint32_t w) { return fmaxf(low(w), high(w)); }
+  __device__ static Pair neg_inf_pair() { return Format::kNegInfWord; }
+  __device__ static Pair pair_max(Pair a, Pair b) { return Format::max2(a, b); }
 };
 
 struct BF16 : Packed16<BF16> {
@@ -438,8 +451,8 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
 // (kBatch per thread, 32 KB) into registers, then stores to shared memory, where groups reduce
 // the rows. The next tile's loads are issued before the rows of this one are reduced, so each
 // CTA keeps a tile in flight all the time; the target logit comes from shared memory too. Rows of
-// fewer than 4 vectors (kShortRowElems) are reduced element by element, or 16-bit ones in 32-bit
-// pairs, in kernels of their own (tile_row_lse). (cp.async into two stages of shared memory
+// fewer than 4 vectors (kShortRowElems) are reduced element by element, or two elements a load
+// where every row starts on a pair's boundary, in kernels of their own (tile_row_lse). (cp.async into two stages of shared memory
 // instead, which frees those registers and keeps up to two tiles in flight, measured slower:
 // bench/PERF.md.)
 constexpr int kTileVecs = kThreads * kBatch;         // whole vectors a tile's stretch may hold
@@ -616,27 +629,29 @@ __device__ __forceinline__ Lse short_row_sweeps(const typename E::Storage* row, 
   return {m, lanes_sum(s, stride)};
 }
 
-// 16-bit rows of fewer than kShortRowElems elements, a thread each, that start on a 4-byte
-// boundary and hold an even number of elements (pair_rows): the same two sweeps over 32-bit words,
-// so that one load from shared memory brings two elements and the max sweep runs on the packed
-// pairs (the format's max2). Where rows may start on either parity, the elements at either end
-// cost more bookkeeping than the pairs saved at 10 columns (bench/PERF.md, session 18); here there
-// are none, and kernels of their own keep the other short rows' code as it was (in one kernel,
-// rows of 3 and 31 columns lost 0.4 us).
+// Rows of fewer than kShortRowElems elements, a thread each, that start on a pair's boundary and
+// hold an even number of elements (pair_rows): the same two sweeps over pairs (the format's Pair),
+// so that one load from shared memory brings two elements, and in 16-bit formats the max sweep runs
+// on the packed pairs (max.bf16x2, max.f16x2). Float32 rows of an even width are also spared the
+// bank conflicts of 4-byte loads: rows 10 words apart put two lanes of a warp on each bank. Where
+// rows may start on either parity, the elements at either end cost more bookkeeping than the pairs
+// saved at 10 columns (bench/PERF.md, session 18); here there are none, and kernels of their own
+// keep the other short rows' code as it was (in one kernel, rows of 3 and 31 columns lost 0.4 us).
 template <class E>
 __device__ __forceinline__ Lse short_row_pair_sweeps(const typename E::Storage* row, int len) {
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(row);
+  using Pair = typename E::Pair;
+  const Pair* pairs = reinterpret_cast<const Pair*>(row);
   const int n = len >> 1;
-  uint32_t mx = E::kNegInfWord;
+  Pair mx = E::neg_inf_pair();
 #pragma unroll 4
-  for (int k = 0; k < n; ++k) mx = E::max2(mx, words[k]);
+  for (int k = 0; k < n; ++k) mx = E::pair_max(mx, pairs[k]);
   const float m = E::word_max(mx);
   const float base = safe_base(m);
   const float s = sum_exp(base, [&](auto exponent) {
     float s0 = 0.f, s1 = 0.f;
 #pragma unroll 4
     for (int k = 0; k < n; ++k) {
-      const uint32_t w = words[k];
+      const Pair w = pairs[k];
       s0 += exp2_approx(exponent(E::low(w)));
       s1 += exp2_approx(exponent(E::high(w)));
     }
@@ -647,7 +662,7 @@ __device__ __forceinline__ Lse short_row_pair_sweeps(const typename E::Storage* 
 
 // How a tile's rows are reduced, a kernel each: rows of kShortRowElems elements or more cut at
 // 16-byte boundaries (row_lse_shared), shorter ones element by element (short_row_sweeps, at a
-// stride of 1 where a thread takes whole rows), or in 32-bit pairs (short_row_pair_sweeps).
+// stride of 1 where a thread takes whole rows), or in pairs (short_row_pair_sweeps).
 constexpr int kVectorSweeps = 0, kElementSweeps = 1, kPairSweeps = 2;
 
 // The (m, s) of the row at elements [start, start + len) of the tile. Every lane of the warp must
@@ -1169,13 +1184,14 @@ __global__ void __launch_bounds__(kOneRowThreads) cross_entropy_mean_one_row_ker
   }
 }
 
-// Whether the pair sweeps may take a tile of short 16-bit rows (short_row_pair_sweeps): rows a
-// thread each (group 1), an even number of elements long and apart, from logits on a 4-byte
-// boundary. Every row then starts on one in shared memory too, where the tile's first element sits
-// at its offset from the 16-byte grid (tile_index). (launch_typed asks only for 16-bit logits, and
-// instantiates the pair kernels for them alone.)
+// Whether the pair sweeps may take a tile of short rows (short_row_pair_sweeps): rows a thread each
+// (group 1), an even number of elements long and apart, from logits on a pair's boundary (4 bytes
+// in 16-bit formats, 8 in float32). Every row then starts on one in shared memory too, where the
+// tile's first element sits at its offset from the 16-byte grid (tile_index).
+template <class E>
 bool pair_rows(const Params& p) {
-  return p.group == 1 && (p.cols | p.row_stride) % 2 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 4 == 0;
+  return p.group == 1 && (p.cols | p.row_stride) % 2 == 0 &&
+         reinterpret_cast<uintptr_t>(p.logits) % sizeof(typename E::Pair) == 0;
 }
 
 template <class E, class Target, bool kEvictFirst>
@@ -1184,9 +1200,9 @@ void launch_typed(const Params& p, int grid, cudaStream_t stream) {
   if (p.one_row) cross_entropy_mean_one_row_kernel<E><<<1, p.group, 0, stream>>>(p);
   else if (p.batch_rows == 1) cross_entropy_mean_row_batch_kernel<E, 1, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   else if (p.batch_rows == 2) cross_entropy_mean_row_batch_kernel<E, 2, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.tile_rows > 0 && p.cols < kShortRowElems<E> && E::kPerVec == 8 && pair_rows(p)) {
-    if constexpr (E::kPerVec == 8) cross_entropy_mean_kernel<E, Target, true, kPairSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
-  } else if (p.tile_rows > 0 && p.cols < kShortRowElems<E>)
+  else if (p.tile_rows > 0 && p.cols < kShortRowElems<E> && pair_rows<E>(p))
+    cross_entropy_mean_kernel<E, Target, true, kPairSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.tile_rows > 0 && p.cols < kShortRowElems<E>)
     cross_entropy_mean_kernel<E, Target, true, kElementSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   else if (p.tile_rows > 0) cross_entropy_mean_kernel<E, Target, true, kVectorSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   else cross_entropy_mean_kernel<E, Target, false, kVectorSweeps, kEvictFirst><<<grid, kThreads, seg_smem, stream>>>(p);

@@ -12,8 +12,8 @@ SHAPES = [(32768, 4096), (4001, 4096), (4096, 129), (1000, 10), (1000000, 10), (
 
 # A shape for each of the kernels' paths: short rows in shared-memory tiles, rows of fewer than 4
 # vectors in tiles (their own kernels), by a group of lanes each or by a thread each (several rows
-# a thread, at a stride known to the compiler; in 16-bit, rows of an even width in 32-bit pairs, and
-# of an odd one element by element), rows in registers, rows that fill a CTA batch, a lone row
+# a thread, at a stride known to the compiler; rows of an even width two elements a load, of an odd
+# one element by element), rows in registers, rows that fill a CTA batch, a lone row
 # (test_plan checks that they take them, in every dtype).
 PATHS = {"tiled": (512, 77), "tiled short": (3000, 10), "tiled short, thread per row": (200000, 12),
          "tiled short, thread per row, odd width": (200000, 11), "registers": (64, 5000), "row batches": (4000, 4096),

@@ -119,17 +119,18 @@ def test_both_kinds_of_load(model, policy, rows, cols, dtype, tdtype, evict_firs
 
 def sweeps_expected(rows, cols, dtype):
     """The kSweeps argument of the kernel that takes a contiguous (rows, cols) tensor: 0 vectors,
-    1 elements, 2 pairs (16-bit short rows a thread each, of an even width)."""
+    1 elements, 2 pairs (short rows a thread each, of an even width)."""
     if (rows, cols) == PATHS["tiled short, thread per row"]:
-        return "1" if dtype == torch.float32 else "2"
+        return "2"
     return "1" if (rows, cols) in (PATHS["tiled short"], PATHS["tiled short, thread per row, odd width"]) else "0"
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
-def test_short_rows_in_pairs_only_where_every_row_starts_on_a_word(model, dtype):
-    """16-bit short rows a thread each are read from shared memory in 32-bit pairs where every row
-    starts on a 4-byte boundary and has an even length, wherever the tile starts against the 16-byte
-    grid; any other view takes the element sweeps. Both give the float64 loss."""
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_short_rows_in_pairs_only_where_every_row_starts_on_a_pair(model, dtype):
+    """Short rows a thread each are read from shared memory two elements a load where every row
+    starts on a pair's boundary (4 bytes in 16-bit, 8 in float32) and has an even length, wherever
+    the tile starts against the 16-byte grid; any other view takes the element sweeps. Both give
+    the float64 loss."""
     rows, cols = PATHS["tiled short, thread per row"]
     t = targets(rows, cols)
     wide = logits(rows + 1, cols + 4, dtype)
@@ -137,8 +138,8 @@ def test_short_rows_in_pairs_only_where_every_row_starts_on_a_word(model, dtype)
     cases = [
         ("contiguous", logits(rows, cols, dtype), True),
         ("even row stride", wide[:rows, :cols], True),
-        ("4 bytes past the 16-byte grid", wide[1:, 2:cols + 2], True),
-        ("dense, 4 bytes past the grid", flat[2:].view(rows, cols), True),
+        ("a pair past the 16-byte grid", wide[1:, 2:cols + 2], True),
+        ("dense, a pair past the grid", flat[2:].view(rows, cols), True),
         ("odd start", wide[:rows, 1:cols + 1], False),
         ("odd row stride", logits(rows, cols + 1, dtype)[:, :cols], False),
         ("odd width", logits(rows, cols + 1, dtype), False),
