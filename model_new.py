@@ -452,9 +452,9 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
 // the rows. The next tile's loads are issued before the rows of this one are reduced, so each
 // CTA keeps a tile in flight all the time; the target logit comes from shared memory too. Rows of
 // fewer than 4 vectors (kShortRowElems) are reduced element by element, or two elements a load
-// where every row starts on a pair's boundary, in kernels of their own (tile_row_lse). (cp.async into two stages of shared memory
-// instead, which frees those registers and keeps up to two tiles in flight, measured slower:
-// bench/PERF.md.)
+// where every row starts on a pair's boundary, in kernels of their own (tile_row_lse). (cp.async
+// into two stages of shared memory instead, which frees those registers and keeps up to two tiles
+// in flight, measured slower: bench/PERF.md.)
 constexpr int kTileVecs = kThreads * kBatch;         // whole vectors a tile's stretch may hold
 constexpr int kTileRows = kThreads * kTileTargets;   // rows a tile may hold
 constexpr int kTargetIgnored = -1, kTargetBad = -2;  // targets as stored in shared memory (tiles, the segment merge)
