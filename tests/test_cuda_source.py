@@ -64,4 +64,3 @@ def test_ptxas_runs_on_every_core_only_where_it_can(tmp_path):
     assert model_new._parallel_ptxas_flags(str(tmp_path / "missing")) == []
     assert model_new._parallel_ptxas_flags(None) == []
     assert model_new._nvcc_flags(["-arch=sm_90"], new)[-2:] == ["-Xptxas", "-split-compile=0"]
-

@@ -113,11 +113,11 @@ def test_both_kinds_of_load(model, policy, rows, cols, dtype, tdtype, evict_firs
     assert evict_first_kernel(name) == evict_first
     assert ("row_batch" in name) == ((rows, cols) == PATHS["row batches"]), name
     if "row_batch" not in name:  # <E, Target, kTiled, kSweeps, kEvictFirst>
-        assert template_args(name)[3] == sweeps_expected(rows, cols, dtype), name
+        assert template_args(name)[3] == sweeps_expected(rows, cols), name
     assert_matches(out[0], x, t)
 
 
-def sweeps_expected(rows, cols, dtype):
+def sweeps_expected(rows, cols):
     """The kSweeps argument of the kernel that takes a contiguous (rows, cols) tensor: 0 vectors,
     1 elements, 2 pairs (short rows a thread each, of an even width)."""
     if (rows, cols) == PATHS["tiled short, thread per row"]:
