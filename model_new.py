@@ -1200,12 +1200,10 @@ void launch_typed(const Params& p, int grid, cudaStream_t stream) {
   if (p.one_row) cross_entropy_mean_one_row_kernel<E><<<1, p.group, 0, stream>>>(p);
   else if (p.batch_rows == 1) cross_entropy_mean_row_batch_kernel<E, 1, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   else if (p.batch_rows == 2) cross_entropy_mean_row_batch_kernel<E, 2, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.tile_rows > 0 && p.cols < kShortRowElems<E> && pair_rows<E>(p))
-    cross_entropy_mean_kernel<E, Target, true, kPairSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.tile_rows > 0 && p.cols < kShortRowElems<E>)
-    cross_entropy_mean_kernel<E, Target, true, kElementSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
-  else if (p.tile_rows > 0) cross_entropy_mean_kernel<E, Target, true, kVectorSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
-  else cross_entropy_mean_kernel<E, Target, false, kVectorSweeps, kEvictFirst><<<grid, kThreads, seg_smem, stream>>>(p);
+  else if (p.tile_rows == 0) cross_entropy_mean_kernel<E, Target, false, kVectorSweeps, kEvictFirst><<<grid, kThreads, seg_smem, stream>>>(p);
+  else if (p.cols >= kShortRowElems<E>) cross_entropy_mean_kernel<E, Target, true, kVectorSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  else if (pair_rows<E>(p)) cross_entropy_mean_kernel<E, Target, true, kPairSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  else cross_entropy_mean_kernel<E, Target, true, kElementSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
 }
 
 template <class E, class Target>
