@@ -233,12 +233,13 @@ def summarize(results, logit_bytes):
 
 def format_table(results, logit_bytes):
     rows = [("ModelNew", "model_new"), ("eager", "eager"), ("torch.compile", "compile"), ("stream read (floor)", "floor")]
-    lines = [f"{'':22s}{'mean ms':>9s}{'std':>8s}{'min':>8s}{'max':>8s}{'TB/s':>7s}"]
+    # Three significant digits take up to 8 characters (0.000636, 6.36e-05): columns of 10 keep them apart.
+    lines = [f"{'':22s}" + "".join(f"{h:>10s}" for h in ("mean ms", "std", "min", "max")) + f"{'TB/s':>7s}"]
     for label, key in rows:
         if key in results:
             r = results[key]
             tbps = logit_bytes / (r["mean_exact"] * 1e-3) / 1e12
-            lines.append(f"{label:22s}{r['mean']:9.3g}{r['std']:8.3g}{r['min']:8.3g}{r['max']:8.3g}{tbps:7.2f}")
+            lines.append(f"{label:22s}" + "".join(f"{r[k]:10.3g}" for k in ("mean", "std", "min", "max")) + f"{tbps:7.2f}")
     return "\n".join(lines)
 
 

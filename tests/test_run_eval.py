@@ -97,3 +97,13 @@ def test_summary_holds_the_promised_fields():
     assert s["fraction_of_floor"] == pytest.approx(0.95)
     json.dumps(s)
     assert "ModelNew" in run_eval.format_table(results, 536870912)
+
+
+def test_table_columns_stay_apart():
+    # A bf16 run's figures: a standard deviation of 8 characters ran into the mean before it.
+    results = {"model_new": {"mean_exact": 0.09661, "mean": 0.0966, "std": 0.000621, "min": 0.095, "max": 0.0985},
+               "floor": {"mean_exact": 0.0984, "mean": 0.0984, "std": 6.36e-05, "min": 0.0967, "max": 0.0992}}
+    lines = run_eval.format_table(results, 268435456).splitlines()
+    assert lines[0].split() == ["mean", "ms", "std", "min", "max", "TB/s"]
+    assert lines[1].split() == ["ModelNew", "0.0966", "0.000621", "0.095", "0.0985", "2.78"]
+    assert lines[2].split() == ["stream", "read", "(floor)", "0.0984", "6.36e-05", "0.0967", "0.0992", "2.73"]
