@@ -1484,16 +1484,18 @@ def _fast_memory(gpu):
 def _plan_on(device_index, rows, cols, row_stride, elem_bytes, aligned):
     """The launch plan for (rows, cols) logits as _plan takes them, on GPU device_index, and whether
     it reads them evict-first. Cached, because the host's time per call shows in KernelBench's
-    timing (see _cross_entropy_mean); a test that changes the policy clears it."""
+    timing (see _cross_entropy_mean); a test that changes the policy clears it. _plan picks the
+    kernel without regard to the kind of load (which only resizes tiles and groups), and the kind
+    of load depends on the kernel: a first plan gives the kernel, the second the shape."""
     gpu = _device_properties(device_index)
     num_sms, l2_bytes, logit_bytes = gpu.multi_processor_count, gpu.L2_cache_size, rows * cols * elem_bytes
     fast_memory = _fast_memory(gpu)
     may_batch_rows = not fast_memory or logit_bytes <= _FAST_MEMORY_L2S * l2_bytes
-    row_batches = may_batch_rows and _batch_rows(rows, cols, row_stride, elem_bytes, num_sms, aligned) > 0
-    tiles = not row_batches and _tile_fit(rows, cols, row_stride, elem_bytes) > 0
-    evict_first = _evict_first(logit_bytes, l2_bytes, elem_bytes, row_batches, tiles, fast_memory)
-    plan = _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned, may_batch_rows, fast_memory)
-    return plan, evict_first
+    plan_with = functools.partial(_plan, rows, cols, row_stride, elem_bytes, num_sms, aligned=aligned,
+                                  row_batches=may_batch_rows, fast_memory=fast_memory)
+    kernel = plan_with(evict_first=False)
+    evict_first = _evict_first(logit_bytes, l2_bytes, elem_bytes, kernel.batch_rows > 0, kernel.tile_rows > 0, fast_memory)
+    return plan_with(evict_first=evict_first), evict_first
 
 
 def _workspace_layout(plan, rows):
