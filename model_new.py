@@ -394,7 +394,14 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   const bool t_body = tcol >= head && tcol < tail;
   const int t_vec = (tcol - head) / E::kPerVec, t_elem = (tcol - head) % E::kPerVec;
   const int t_edge = tcol < 0 || t_body ? -1 : edge_number<E>(cut, tcol);
-  t_lane = (t_body ? t_vec : max(t_edge, 0)) & (group - 1);
+  // Plain loads count the body's vectors from the 256-byte boundary at or below its start, `lead`
+  // vectors before it that no lane loads, so that each warp's load covers whole 256-byte blocks of
+  // memory: rows off that grid streamed up to 2.5% slower (8192 x 50257 fp32: 556.3 us against 541.9,
+  // against 540.7 for 50240 columns, whose rows lie on it). Evict-first loads measured 1-8% slower
+  // that way (8192 x 16385 bf16: 125.1 us against 117.4), so they keep the 16-byte grid (bench/PERF.md).
+  const int lead = kEvictFirst ? 0 : int(reinterpret_cast<uintptr_t>(seg + head) >> 4) & 15;
+  const int end = lead + nvec;
+  t_lane = (t_body ? lead + t_vec : max(t_edge, 0)) & (group - 1);
   // At most 2 * (kPerVec - 1) elements lie outside the aligned body. All their loads go out before
   // the first is used, so a short misaligned row waits for one round trip, not one per element.
   const int nedge = head + (len - tail);
@@ -418,24 +425,37 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
     st = {m, s};
   }
 
-  const uint4* body = reinterpret_cast<const uint4*>(seg + head);
+  const uint4* body = reinterpret_cast<const uint4*>(seg + head) - lead;
   const int group_shift = __ffs(group) - 1;  // group is a power of two
+  const uint4 neg_inf = make_uint4(E::kNegInfWord, E::kNegInfWord, E::kNegInfWord, E::kNegInfWord);
   uint4 buf[kBatch];
   int v0 = lane;
   // The target's vector, counted in this lane's vectors from the current batch on; negative (and
   // so, unsigned, out of range) in every other lane.
-  int t_u = t_body && lane == t_lane ? t_vec >> group_shift : -1;
+  int t_u = t_body && lane == t_lane ? (lead + t_vec) >> group_shift : -1;
+  // A first batch that starts before the body: the vectors before it read as -inf, which adds nothing.
+  if (lead > 0 && v0 < end) {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int v = v0 + u * group;
+      buf[u] = neg_inf;  // the load writes under a predicate: a select after it would wait for it
+      if (v >= lead && v < end) buf[u] = load_vec<kEvictFirst>(body + v);
+    }
+    if (unsigned(t_u) < unsigned(kBatch)) x_t = E::at(vector_at(buf, t_u), t_elem);
+    st = lse_add_batch<E>(st, buf);
+    v0 += kBatch * group;
+    t_u -= kBatch;
+  }
   // Full batches: no bounds checks, so no predicate per load.
-  for (; v0 + (kBatch - 1) * group < nvec; v0 += kBatch * group, t_u -= kBatch) {
+  for (; v0 + (kBatch - 1) * group < end; v0 += kBatch * group, t_u -= kBatch) {
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) buf[u] = load_vec<kEvictFirst>(body + v0 + u * group);
     if (unsigned(t_u) < unsigned(kBatch)) x_t = E::at(vector_at(buf, t_u), t_elem);
     st = lse_add_batch<E>(st, buf);
   }
   // The last, partial batch: missing vectors read as -inf, which adds nothing.
-  if (v0 < nvec) {
-    const uint4 neg_inf = make_uint4(E::kNegInfWord, E::kNegInfWord, E::kNegInfWord, E::kNegInfWord);
-    const int nvalid = (nvec - v0 + group - 1) >> group_shift;  // this lane's vectors in the batch
+  if (v0 < end) {
+    const int nvalid = (end - v0 + group - 1) >> group_shift;  // this lane's vectors in the batch
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) buf[u] = u < nvalid ? load_vec<kEvictFirst>(body + v0 + u * group) : neg_inf;
     if (unsigned(t_u) < unsigned(kBatch)) x_t = E::at(vector_at(buf, t_u), t_elem);
