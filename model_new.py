@@ -1313,6 +1313,7 @@ _CTAS_PER_SM = 3        # resident CTAs per SM (the kernel's launch bounds): 768
 _BATCH = 8              # 16-byte loads each thread issues together (the kernel's kBatch)
 _VECS_PER_THREAD = 16   # 16-byte vectors per thread and item (two batches), where rows are long enough;
                         # one batch (twice the group) where the loads are evict-first: see _plan
+_MIN_SLOT_FILL = {_BATCH: 0.8, _VECS_PER_THREAD: 0.7}  # ... and half the group where a row fills less of them
 _MAX_SEG = 1 << 30      # in-segment column indices are 32-bit
 _SEG_SLAB = 2 * _THREADS  # segments per row at most: the last CTA stages a row's partials at once (kSegSlab)
 _CLAIM_BYTES = 16 << 10 # a CTA's round reads at least this much: claim chunks of one round
@@ -1459,6 +1460,17 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
         seg_vecs = -(-seg_len // per_vec)
         vecs_per_thread = _BATCH if evict_first and not fast_memory else _VECS_PER_THREAD
         group = min(_THREADS, _pow2_at_least(-(-seg_vecs // vecs_per_thread)))
+        # That group can leave up to half of each thread's slots empty: rows just over a power of two
+        # of vectors (4100 fp32 columns, 1025 vectors: 4 or 5 a thread of 8). Where a row fills less
+        # than _MIN_SLOT_FILL of them, half the group streams faster: each thread's first batch is
+        # full, and a CTA has twice the groups, whose loads overlap each other's reductions. 16368 x
+        # 4100 fp32 (evict-first) took 100.9 us against 138.9, 32736 x 4100 fp32 (plain) 188.1 against
+        # 216.8, 32704 x 4104 bf16 106.7 against 149.8 (read: 99.8, 185.5, 99.8). Not where the
+        # group's slots are fuller (9586 x 7000 fp32, one batch 85% full: 4 points slower halved; 44739
+        # x 3000 fp32, two batches 73% full: 5 points), nor on rows longer than a round of the largest
+        # group, where halving measured either way (bench/PERF.md).
+        if group >= 32 and seg_vecs <= vecs_per_thread * _THREADS and seg_vecs < _MIN_SLOT_FILL[vecs_per_thread] * vecs_per_thread * group:
+            group //= 2
         # Few rows leave SMs idle: more threads per row while the CTAs still get an SM each (64 x
         # 5000: 64 CTAs, not 16). Past one CTA per SM, bigger groups measured slower (300 x 4096,
         # 1000 x 4096). (A lone row is here only when it is split: the one-row kernel takes the rest.)

@@ -215,8 +215,8 @@ def test_target_logit_taken_from_every_position(model, policy, rows, cols, dtype
     """Rows in registers take the target logit out of the stream, in the lane that reads it. Targets
     at every column (or both ends and a spread) put it in every lane, vector, element and warp of a
     group (32 to 256 threads per row), and in the scalar edges of rows off the 16-byte grid. The
-    load kind picks the group size (_plan), so both run. 7600 columns (evict-first) give a batch
-    full in some lanes of the group only."""
+    load kind picks the group size (_plan), so both run. 3000 (evict-first) and 4099 columns take
+    half groups; 7600 columns (evict-first) a batch full in some lanes of the group only."""
     policy("_evict_first", lambda *_: evict_first)
     t = spread_columns(rows, cols)
     for name, x in [("aligned", logits(rows, cols, dtype))] + views(rows, cols, dtype)[:2]:

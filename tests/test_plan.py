@@ -60,7 +60,7 @@ def test_row_batches_where_rows_fill_a_batch(rows, cols, stride, elem_bytes, ali
         assert _plan(rows, cols, stride, elem_bytes, 132, evict_first, aligned).batch_rows == batch_rows
 
 
-@pytest.mark.parametrize("cols, elem_bytes", [(4096, 2), (4096, 4), (2048, 4), (8192, 2), (1500, 4)])
+@pytest.mark.parametrize("cols, elem_bytes", [(4096, 2), (4096, 4), (2048, 4), (8192, 2), (1800, 4)])
 def test_evict_first_rows_take_one_batch_per_thread(cols, elem_bytes):
     # Off the 16-byte grid, so that rows that fill a batch exactly stream through registers too.
     plain, evict_first = (_plan(32768, cols, cols, elem_bytes, 132, ef, False) for ef in (False, True))
@@ -70,6 +70,25 @@ def test_evict_first_rows_take_one_batch_per_thread(cols, elem_bytes):
     assert evict_first.group * model_new._BATCH >= vecs > evict_first.group * model_new._BATCH // 2
     # rows longer than a CTA's batch: a whole CTA per row either way
     assert _plan(4096, 32000, 32000, 2, 132, True).group == _plan(4096, 32000, 32000, 2, 132, False).group == 256
+
+
+@pytest.mark.parametrize("cols, elem_bytes, evict_first, group", [
+    (4100, 4, True, 128), (4100, 4, False, 64),  # 1025 vectors: 4 or 5 a thread of 8 at 256 threads
+    (2052, 4, True, 64), (4104, 2, True, 64), (1100, 4, True, 32), (2200, 2, False, 16),
+    (5600, 4, True, 128),                        # 1400 vectors: 68% of 256 threads' slots
+    (7000, 4, True, 256), (6560, 4, True, 256),  # one batch fills 85% and 80%: 80% is enough
+    (12000, 4, False, 256),                      # two batches fill 73%: 70% is enough
+    (10000, 4, True, 256), (16400, 4, True, 256),  # longer than a round of 256 threads: left whole
+])
+def test_rows_that_leave_slots_empty_get_half_the_group(cols, elem_bytes, evict_first, group):
+    p = _plan(32768, cols, cols, elem_bytes, 132, evict_first)
+    assert p.splits == 1 and not p.tile_rows and not p.batch_rows and p.group == group, p
+    vecs = -(-cols * elem_bytes // 16)
+    per_thread = model_new._BATCH if evict_first else model_new._VECS_PER_THREAD
+    whole = min(model_new._THREADS, model_new._pow2_at_least(-(-vecs // per_thread)))
+    assert p.group in (whole, whole // 2)
+    if p.group < whole:  # halved: every thread's first batch is full
+        assert vecs >= p.group * model_new._BATCH and vecs < model_new._MIN_SLOT_FILL[per_thread] * per_thread * whole
 
 
 @pytest.mark.parametrize("rows, cols", SHAPES)
