@@ -449,7 +449,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   // Batches full in every lane of the warp (of the group, where it is smaller): no bounds checks, so
   // no predicate per load. A batch full in some of its lanes only goes to the partial path in all
   // of them: split by lane, a warp ran the two paths one after the other, two round trips for one
-  // batch (8830 x 7600 fp32: 126.5 us against 99.0, 9320 x 14400 bf16 144.2 against 105.7). Whole
+  // batch (8830 x 7600 fp32: 125.5 us against 99.3, 9320 x 14400 bf16 144.5 against 105.8). Whole
   // warps keep the unpredicated path: the group's partial batch in every warp cost 4096 x 32000
   // bf16 0.5-1.2 us (bench/PERF.md).
   const int warp_last = lane | (min(group, 32) - 1);  // the warp's last lane in the group
@@ -459,7 +459,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
     if (unsigned(t_u) < unsigned(kBatch)) x_t = E::at(vector_at(buf, t_u), t_elem);
     st = lse_add_batch<E>(st, buf);
   }
-  // The last, partial batch: missing vectors read as -inf, which adds nothing.
+  // The last batch, partial in some lane of the warp: missing vectors read as -inf, which adds nothing.
   if (v0 < end) {
     const int nvalid = (end - v0 + group - 1) >> group_shift;  // this lane's vectors in the batch
 #pragma unroll
@@ -1464,12 +1464,12 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
         # of vectors (4100 fp32 columns, 1025 vectors: 4 or 5 a thread of 8). Where a row fills less
         # than _MIN_SLOT_FILL of them, half the group streams faster: each thread's first batch is
         # full, and a CTA has twice the groups, whose loads overlap each other's reductions. 16368 x
-        # 4100 fp32 (evict-first) took 100.9 us against 138.9, 32736 x 4100 fp32 (plain) 188.1 against
-        # 216.8, 32704 x 4104 bf16 106.7 against 149.8 (read: 99.8, 185.5, 99.8). Not where the
-        # group's slots are fuller (9586 x 7000 fp32, one batch 85% full: 4 points slower halved; 44739
-        # x 3000 fp32, two batches 73% full: 5 points), nor on rows longer than a round of the largest
-        # group, where halving measured either way (bench/PERF.md).
-        if group >= 32 and seg_vecs <= vecs_per_thread * _THREADS and seg_vecs < _MIN_SLOT_FILL[vecs_per_thread] * vecs_per_thread * group:
+        # 4100 fp32 (evict-first) took 101.0 us against 138.7, 32704 x 4104 bf16 105.8 against 149.6
+        # (read: 99.4, 99.2). Not where the group's slots are fuller (9586 x 7000 fp32, one batch 85%
+        # full: 4 points slower halved; 44739 x 3000 fp32, two batches 73% full: 5 points), nor on rows
+        # longer than a round of the largest group, where halving measured either way (bench/PERF.md).
+        slots = vecs_per_thread * group
+        if group >= 32 and seg_vecs <= vecs_per_thread * _THREADS and seg_vecs < _MIN_SLOT_FILL[vecs_per_thread] * slots:
             group //= 2
         # Few rows leave SMs idle: more threads per row while the CTAs still get an SM each (64 x
         # 5000: 64 CTAs, not 16). Past one CTA per SM, bigger groups measured slower (300 x 4096,
