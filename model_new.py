@@ -399,7 +399,9 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   // memory: rows off that grid streamed up to 2.5% slower (8192 x 50257 fp32: 556.3 us against 541.9,
   // against 540.7 for 50240 columns, whose rows lie on it). Evict-first loads measured 1-8% slower
   // that way (8192 x 16385 bf16: 125.1 us against 117.4), so they keep the 16-byte grid (bench/PERF.md).
-  const int lead = kEvictFirst ? 0 : int(reinterpret_cast<uintptr_t>(seg + head) >> 4) & 15;
+  // So does a thread alone on its row: its first batch, kBatch vectors, could not cover a lead of up
+  // to 15, and its warp's load spans 32 rows whatever the grid.
+  const int lead = kEvictFirst || group == 1 ? 0 : int(reinterpret_cast<uintptr_t>(seg + head) >> 4) & 15;
   const int end = lead + nvec;
   t_lane = (t_body ? lead + t_vec : max(t_edge, 0)) & (group - 1);
   // At most 2 * (kPerVec - 1) elements lie outside the aligned body. All their loads go out before

@@ -224,6 +224,22 @@ def test_target_logit_taken_from_every_position(model, policy, rows, cols, dtype
         assert_matches(model(x, t), x, t)
 
 
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_lone_thread_rows_off_the_256_byte_grid(model, policy, dtype):
+    """Short rows far apart (a strided view, too sparse to stage in tiles), many of them, read with
+    plain loads: a thread each. Rows 16400 bytes apart start at every 16-byte step of the 256-byte
+    grid; a lone thread keeps the 16-byte grid, since its first batch could not cover a lead of 9 to
+    15 vectors (it once read the vectors between, before its row)."""
+    policy("_evict_first", lambda *_: False)
+    per_vec = 16 // dtype.itemsize
+    rows, cols = 20000, 10 * per_vec
+    x = logits(rows, 1025 * per_vec, dtype)[:, :cols]
+    t = targets(rows, cols)
+    plan, evict_first = plan_for(x)
+    assert plan.group == 1 and not plan.tile_rows and not evict_first, plan
+    assert_matches(model(x, t), x, t)
+
+
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_row_batches(model, policy, dtype, evict_first):
