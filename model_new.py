@@ -68,7 +68,8 @@ _CUDA_SRC = r"""
 // zeroing once, at allocation.
 //
 // Loads: the logits stream through plain 16-byte loads, or evict-first ones where they are at most
-// a few L2 sizes (the host's _evict_first says why).
+// a few L2 sizes (the host's _evict_first says why). A row's short last batch comes by cp.async into
+// shared memory, with the batch before it (reduce_segment).
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -79,6 +80,8 @@ namespace {
 constexpr int kThreads = CE_THREADS;         // threads per CTA, shared with the host policy
 constexpr int kCtasPerSm = CE_CTAS_PER_SM;   // resident CTAs per SM: caps registers per thread
 constexpr int kBatch = CE_BATCH;             // 16-byte loads in flight per thread before first use
+constexpr int kShortTail = CE_SHORT_TAIL;    // a row's last batch of at most this many vectors a thread rides along
+                                             // with the batch before it (reduce_segment)
 constexpr int kTileTargets = CE_TILE_TARGETS;  // targets each thread loads per tile of short rows
 constexpr int kSegSlab = CE_SEG_SLAB;        // segment partials the last CTA stages at a time: splits <= kSegSlab
 constexpr int kWarps = kThreads / 32;
@@ -197,6 +200,21 @@ __device__ __forceinline__ uint4 load_vec(const uint4* p) {
   if constexpr (kEvictFirst) return __ldcs(p);
   else return *p;
 }
+
+// A 16-byte copy from global to shared memory that holds no register while in flight (cp.async),
+// evict-first in L2 where the loads are; and the wait for all of a thread's copies.
+template <bool kEvictFirst>
+__device__ __forceinline__ void copy_vec_async(uint4* dst, const uint4* src) {
+  const unsigned int to = static_cast<unsigned int>(__cvta_generic_to_shared(dst));
+  if constexpr (kEvictFirst) {
+    asm volatile("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_first.b64 policy, 1.0;\n\t"
+                 "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, policy;\n\t}" :: "r"(to), "l"(src) : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(to), "l"(src) : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // ------------------------------------------------------------------ online log-sum-exp
 // (m, s): the largest value seen and the sum of exp(x - m) over the values seen.
@@ -385,7 +403,7 @@ __device__ __forceinline__ uint4 vector_at(const uint4 (&v)[N], uint32_t slot) {
 // its own per row, even of a sector the stream was about to read, measured 0.3-1.1 us slower.
 template <class E, bool kEvictFirst>
 __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, int len, int lane, int group, int tcol,
-                                              float& x_t, int& t_lane) {
+                                              uint4* tail_slots, float& x_t, int& t_lane) {
   Lse st = {-INFINITY, 0.f};
   const Aligned cut = align_stretch<E>(seg, len);
   const auto [head, nvec] = cut;
@@ -432,6 +450,25 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   const uint4 neg_inf = make_uint4(E::kNegInfWord, E::kNegInfWord, E::kNegInfWord, E::kNegInfWord);
   uint4 buf[kBatch];
   int v0 = lane;
+  // A last batch of at most kShortTail vectors a lane (half a batch) costs the group a whole round trip
+  // for a few bytes, after its other batches are done. Its vectors ride along with the batch before
+  // it instead, into shared memory (cp.async holds no registers while in flight), and the last batch
+  // reads them from there: 6450 x 10400 fp32 (evict-first) took 100.6 us against 110.9, 2000 x 20000
+  // bf16 38.6 against 41.7 (read: 99.7, 38.7). Up to 2 or 3 vectors a lane gained less where the
+  // tails are longer; 6 spill. An L2 prefetch of the tail instead still paid a round trip, to L2, and
+  // gained about half as much (bench/PERF.md).
+  const int batch_vecs = kBatch << group_shift;
+  const int tail_batch = (end - 1) & -batch_vecs;  // the last batch's first vector
+  const bool short_tail = tail_batch > 0 && end - max(tail_batch, lead) <= kShortTail * group;
+  const int copy_with = short_tail ? tail_batch - batch_vecs : -1;
+  auto copy_short_tail = [&](int batch) {
+    if (batch != copy_with) return;
+#pragma unroll
+    for (int u = 0; u < kShortTail; ++u) {
+      const int v = tail_batch + lane + u * group;
+      if (v >= lead && v < end) copy_vec_async<kEvictFirst>(tail_slots + u * kThreads, body + v);
+    }
+  };
   // The target's vector, counted in this lane's vectors from the current batch on; negative (and
   // so, unsigned, out of range) in every other lane.
   int t_u = t_body && lane == t_lane ? (lead + t_vec) >> group_shift : -1;
@@ -443,6 +480,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
       buf[u] = neg_inf;  // the load writes under a predicate: a select after it would wait for it
       if (v >= lead && v < end) buf[u] = load_vec<kEvictFirst>(body + v);
     }
+    copy_short_tail(0);
     if (unsigned(t_u) < unsigned(kBatch)) x_t = E::at(vector_at(buf, t_u), t_elem);
     st = lse_add_batch<E>(st, buf);
     v0 += kBatch * group;
@@ -458,14 +496,24 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   for (; v0 - lane + warp_last + (kBatch - 1) * group < end; v0 += kBatch * group, t_u -= kBatch) {
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) buf[u] = load_vec<kEvictFirst>(body + v0 + u * group);
+    copy_short_tail(v0 - lane);
     if (unsigned(t_u) < unsigned(kBatch)) x_t = E::at(vector_at(buf, t_u), t_elem);
     st = lse_add_batch<E>(st, buf);
   }
   // The last batch, partial in some lane of the warp: missing vectors read as -inf, which adds nothing.
   if (v0 < end) {
     const int nvalid = (end - v0 + group - 1) >> group_shift;  // this lane's vectors in the batch
+    if (short_tail) {
+      wait_copies();
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) buf[u] = u < nvalid ? load_vec<kEvictFirst>(body + v0 + u * group) : neg_inf;
+      for (int u = 0; u < kBatch; ++u) {
+        const int v = v0 + u * group;
+        buf[u] = u < kShortTail && v >= lead && v < end ? tail_slots[u * kThreads] : neg_inf;
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) buf[u] = u < nvalid ? load_vec<kEvictFirst>(body + v0 + u * group) : neg_inf;
+    }
     if (unsigned(t_u) < unsigned(kBatch)) x_t = E::at(vector_at(buf, t_u), t_elem);
     st = lse_add_batch<E>(st, buf, nvalid);
   }
@@ -919,6 +967,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
   __shared__ Total final_scratch[kWarps];
   __shared__ uint4 tile_vecs[kTiled ? kTileVecs + 2 : 1];  // a tile's vectors, a spare slot at each end
   __shared__ int tile_targets[kTiled ? kTileRows : 1];
+  __shared__ uint4 tail_vecs[kTiled ? 1 : kShortTail * kThreads];  // a short last batch: thread t's u-th vector at u * kThreads + t
 
   const int group = p.group;
   const int lane = threadIdx.x & (group - 1);
@@ -977,7 +1026,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
         const auto* seg = logits + row * p.row_stride + c0;
         const int len = int(min((long long)p.seg_len, p.cols - c0));
         const int tcol = target >= c0 && target < c0 + len ? int(target - c0) : -1;
-        st = reduce_segment<E, kEvictFirst>(seg, len, lane, group, tcol, x_target, t_lane);
+        st = reduce_segment<E, kEvictFirst>(seg, len, lane, group, tcol, tail_vecs + threadIdx.x, x_target, t_lane);
       }
 
       // The group's merged state and target logit, complete in its leader.
@@ -1316,6 +1365,7 @@ _BATCH = 8              # 16-byte loads each thread issues together (the kernel'
 _VECS_PER_THREAD = 16   # 16-byte vectors per thread and item (two batches), where rows are long enough;
                         # one batch (twice the group) where the loads are evict-first: see _plan
 _MIN_SLOT_FILL = {_BATCH: 0.8, _VECS_PER_THREAD: 0.7}  # ... and half the group where a row fills less of them
+_SHORT_TAIL = 4         # a row's last batch of at most this many vectors a thread rides along with the one before it
 _MAX_SEG = 1 << 30      # in-segment column indices are 32-bit
 _SEG_SLAB = 2 * _THREADS  # segments per row at most: the last CTA stages a row's partials at once (kSegSlab)
 _CLAIM_BYTES = 16 << 10 # a CTA's round reads at least this much: claim chunks of one round
@@ -1554,7 +1604,8 @@ def _workspace_layout(plan, rows):
 def _nvcc_flags(arch_flags, ptxas=None):
     return ["-O3", "-std=c++17", f"-DCE_THREADS={_THREADS}", f"-DCE_CTAS_PER_SM={_CTAS_PER_SM}", f"-DCE_BATCH={_BATCH}",
             f"-DCE_TILE_TARGETS={_TILE_TARGETS}", f"-DCE_SEG_SLAB={_SEG_SLAB}", f"-DCE_ROW_BATCH_LOADS={_ROW_BATCH_LOADS}",
-            f"-DCE_EXACT_WORDS={_EXACT_WORDS}", f"-DCE_ONE_ROW_THREADS={_ONE_ROW_THREADS}", *arch_flags,
+            f"-DCE_EXACT_WORDS={_EXACT_WORDS}", f"-DCE_ONE_ROW_THREADS={_ONE_ROW_THREADS}", f"-DCE_SHORT_TAIL={_SHORT_TAIL}",
+            *arch_flags,
             *_parallel_ptxas_flags(ptxas)]
 
 

@@ -210,13 +210,16 @@ def spread_columns(rows, cols):
 
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("rows, cols", [(2000, 2000), (3000, 3000), (4099, 4099), (2000, 20000), (1000, 7600)])
+@pytest.mark.parametrize("rows, cols", [(2000, 2000), (3000, 3000), (4099, 4099), (2000, 20000), (1000, 7600),
+                                        (1500, 1100), (1000, 5000)])
 def test_target_logit_taken_from_every_position(model, policy, rows, cols, dtype, evict_first):
     """Rows in registers take the target logit out of the stream, in the lane that reads it. Targets
     at every column (or both ends and a spread) put it in every lane, vector, element and warp of a
     group (32 to 256 threads per row), and in the scalar edges of rows off the 16-byte grid. The
     load kind picks the group size (_plan), so both run. 3000 (evict-first) and 4099 columns take
-    half groups; 7600 columns (evict-first) a batch full in some lanes of the group only."""
+    half groups; 7600 columns (evict-first) a batch full in some lanes of the group only; 1100,
+    5000 and 20000 columns a short last batch, which rides along with the one before it through
+    shared memory, its targets included."""
     policy("_evict_first", lambda *_: evict_first)
     t = spread_columns(rows, cols)
     for name, x in [("aligned", logits(rows, cols, dtype))] + views(rows, cols, dtype)[:2]:
