@@ -458,15 +458,17 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   // tails are longer; 6 spill. An L2 prefetch of the tail instead still paid a round trip, to L2, and
   // gained about half as much (bench/PERF.md).
   const int batch_vecs = kBatch << group_shift;
-  const int tail_batch = (end - 1) & -batch_vecs;  // the last batch's first vector
-  const bool short_tail = tail_batch > 0 && end - max(tail_batch, lead) <= kShortTail * group;
+  // The last batch's first vector. A later batch lies past the lead: lead < batch_vecs, as a lone
+  // thread (batch_vecs = kBatch) has no lead.
+  const int tail_batch = (end - 1) & -batch_vecs;
+  const bool short_tail = tail_batch > 0 && end - tail_batch <= kShortTail * group;
   const int copy_with = short_tail ? tail_batch - batch_vecs : -1;
   auto copy_short_tail = [&](int batch) {
     if (batch != copy_with) return;
 #pragma unroll
     for (int u = 0; u < kShortTail; ++u) {
       const int v = tail_batch + lane + u * group;
-      if (v >= lead && v < end) copy_vec_async<kEvictFirst>(tail_slots + u * kThreads, body + v);
+      if (v < end) copy_vec_async<kEvictFirst>(tail_slots + u * kThreads, body + v);
     }
   };
   // The target's vector, counted in this lane's vectors from the current batch on; negative (and
@@ -508,7 +510,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int v = v0 + u * group;
-        buf[u] = u < kShortTail && v >= lead && v < end ? tail_slots[u * kThreads] : neg_inf;
+        buf[u] = u < kShortTail && v < end ? tail_slots[u * kThreads] : neg_inf;
       }
     } else {
 #pragma unroll
