@@ -245,6 +245,51 @@ def test_lone_thread_rows_off_the_256_byte_grid(model, policy, dtype):
 
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_edges_of_short_rows_beyond_one_a_lane(model, policy, dtype, evict_first):
+    """Short rows far apart and off the 16-byte grid, in registers with groups of 1 or 2 lanes: up to
+    2 * (kPerVec - 1) scalar edges a row, more than the group has lanes. A lane's first edge is
+    folded after the first batch's loads, the rest at once; a target in every column of the row
+    puts it in each of them."""
+    policy("_evict_first", lambda *_: evict_first)
+    per_vec = 16 // dtype.itemsize
+    rows, cols = 20000, 10 * per_vec + per_vec - 1
+    x = logits(rows, 1025 * per_vec + 1, dtype)[:, 1:cols + 1]  # an odd stride: every offset from the grid
+    t = spread_columns(rows, cols)
+    plan, _ = plan_for(x)
+    assert plan.group <= 2 and not plan.tile_rows, plan
+    x = spiked(x, t)
+    assert_matches(model(x, t), x, t)
+
+
+@pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_special_values_in_the_edges_of_rows_off_the_grid(model, policy, dtype, evict_first):
+    """-inf, +inf and NaN in the scalar edges of a row in registers, folded after the first batch's
+    loads, give what PyTorch gives, beside an ordinary row. The row starts one element past the
+    16-byte grid and is 5001 columns wide: its first 3 (float32) or 7 (16-bit) columns and its
+    last 2 are edges."""
+    policy("_evict_first", lambda *_: evict_first)
+    cols = 5001
+    cases = {  # name: (columns of row 0, value, row 0's target)
+        "all -inf: NaN": (slice(None), float("-inf"), 1),
+        "-inf at the target, in the head: +inf": ([2], float("-inf"), 2),
+        "-inf in both edges, not at the target: finite": ([0, cols - 1], float("-inf"), 3),
+        "+inf in the head: NaN": ([0], float("inf"), 4),
+        "NaN in the tail: NaN": ([cols - 1], float("nan"), 5),
+    }
+    for name, (where, value, target) in cases.items():
+        x = torch.randn(2, cols + 1, device="cuda", dtype=dtype)[:, 1:]
+        x[0, where] = value
+        t = torch.tensor([target, 5], device="cuda")
+        plan, _ = plan_for(x)
+        assert x.data_ptr() % 16 and not plan.tile_rows and not plan.one_row and plan.splits == 1, plan
+        expected = torch.nn.functional.cross_entropy(x.float(), t)
+        rtol = 1e-5 if dtype == torch.float32 else 1e-2  # a 16-bit result
+        torch.testing.assert_close(model(x, t).float(), expected, equal_nan=True, rtol=rtol, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_row_batches(model, policy, dtype, evict_first):
     """Rows that fill a CTA batch exactly go to the row-batch kernel: one fp32 row or two 16-bit rows
     of 4096 columns a batch, here 4001 of them, so the last batch has a row missing, contiguous and
