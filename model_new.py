@@ -427,8 +427,8 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   // At most 2 * (kPerVec - 1) elements lie outside the aligned body, read as scalars. A lane's first,
   // edge `lane`, is folded in (fold_edge) only after the first batch's loads have gone out too, so a
   // row off the 16-byte grid costs no round trip of its own: folded first, each such row waited one
-  // for a few bytes before its body's loads left (8192 x 16001 bf16: 112.3 us against 99.8, 53687 x
-  // 2500 bf16 111.2 against 103.5; read: 97.3, 99.4). It waits as stored: converted beside its load,
+  // for a few bytes before its body's loads left (8192 x 16001 bf16: 111.9 us against 99.5, 53687 x
+  // 2500 bf16 110.9 against 103.4; read: 97.6, 99.5). It waits as stored: converted beside its load,
   // the conversion made the warp wait there. A group of fewer lanes than edges (short rows far apart)
   // folds the rest at once, all their loads out before the first is used: one round trip, not one per
   // element. (Holding those too until the first batch spilled the 16-bit kernels.)
@@ -457,8 +457,7 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   auto fold_edge = [&] {
     const float x = E::value(edge);
     if (lane == t_edge) x_t = x;
-    const float m = fmaxf(st.m, x), base = safe_base(m);
-    st = {m, st.s * exp2_approx((st.m - base) * kLog2e) + exp2_approx((x - base) * kLog2e)};
+    st = lse_merge(st, {x, 1.f});  // exp(x - x) = 1; for x = -inf it adds 0, NaN and +inf give NaN
   };
 
   const uint4* body = reinterpret_cast<const uint4*>(seg + head) - lead;
