@@ -102,6 +102,7 @@ struct Params {
   int splits, seg_len, group, chunk_rounds;
   int tile_rows;               // rows per tile where short rows are staged in shared memory; else 0
   int batch_rows;              // rows per chunk where they fill a CTA batch exactly (1 or 2); else 0
+  bool lead_256;               // rows in registers may be counted from the 256-byte grid: the launch's choice of kLead256
   bool one_row;                // a lone row of up to a batch per thread: the one-row kernel, on `group` threads
   int target_bytes;            // 8 (int64) or 4 (int32)
 };
@@ -403,7 +404,7 @@ __device__ __forceinline__ uint4 vector_at(const uint4 (&v)[N], uint32_t slot) {
 // The target logit, column tcol of the segment (-1: not in it), is picked out of the stream by the
 // lane that reads it, into x_t; every lane of the group gets that lane's index in t_lane. A load of
 // its own per row, even of a sector the stream was about to read, measured 0.3-1.1 us slower.
-template <class E, bool kEvictFirst>
+template <class E, bool kEvictFirst, bool kLead256>
 __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, int len, int lane, int group, int tcol,
                                               uint4* tail_slots, float& x_t, int& t_lane) {
   Lse st = {-INFINITY, 0.f};
@@ -414,14 +415,13 @@ __device__ __forceinline__ Lse reduce_segment(const typename E::Storage* seg, in
   const bool t_body = tcol >= head && tcol < tail;
   const int t_vec = (tcol - head) / E::kPerVec, t_elem = (tcol - head) % E::kPerVec;
   const int t_edge = tcol < 0 || t_body ? -1 : edge_number<E>(cut, tcol);
-  // Plain loads count the body's vectors from the 256-byte boundary at or below its start, `lead`
-  // vectors before it that no lane loads, so that each warp's load covers whole 256-byte blocks of
-  // memory: rows off that grid streamed up to 2.5% slower (8192 x 50257 fp32: 556.3 us against 541.9,
-  // against 540.7 for 50240 columns, whose rows lie on it). Evict-first loads measured 1-8% slower
-  // that way (8192 x 16385 bf16: 125.1 us against 117.4), so they keep the 16-byte grid (bench/PERF.md).
-  // So does a thread alone on its row: its first batch, kBatch vectors, could not cover a lead of up
-  // to 15, and its warp's load spans 32 rows whatever the grid.
-  const int lead = kEvictFirst || group == 1 ? 0 : int(reinterpret_cast<uintptr_t>(seg + head) >> 4) & 15;
+  // With kLead256 (the host's _lead_256 says where) the body's vectors are counted from the 256-byte
+  // boundary at or below its start, `lead` vectors before it that no lane loads, so that each warp's
+  // load covers whole 256-byte blocks of memory: rows off that grid streamed up to 2.5% slower (8192 x
+  // 50257 fp32: 556.3 us against 541.9, against 540.7 for 50240 columns, whose rows lie on it). A
+  // thread alone on its row never takes it: its first batch, kBatch vectors, could not cover a lead of
+  // up to 15, and its warp's load spans 32 rows whatever the grid.
+  const int lead = kLead256 && group > 1 ? int(reinterpret_cast<uintptr_t>(seg + head) >> 4) & 15 : 0;
   const int end = lead + nvec;
   t_lane = (t_body ? lead + t_vec : max(t_edge, 0)) & (group - 1);
   // At most 2 * (kPerVec - 1) elements lie outside the aligned body, read as scalars. A lane's first,
@@ -977,10 +977,11 @@ __device__ __forceinline__ void store_mean(const Params& p, Total total) {
 // (or segments) stream through registers, a group per item. kSweeps (tiles only): how each row is
 // reduced (tile_row_lse); kernels of their own, because with both the vector and the element sweeps
 // in one kernel the tiles of longer rows ran 0.4-0.9 us slower (65536 x 1000 bf16, 262144 x 250
-// bf16, 200000 x 200 fp32). kEvictFirst: the loads of the logits (see load_vec). Target: the
+// bf16, 200000 x 200 fp32). kEvictFirst: the loads of the logits (see load_vec). kLead256 (rows in
+// registers): whether rows may be counted from the 256-byte grid (reduce_segment). Target: the
 // targets' type, int64 or int32; read as TargetWords instead, as the row-batch kernel does, with
 // half the instances, the shortest 16-bit rows ran 1.5-3% slower (1000000 x 10, 4000000 x 6).
-template <class E, class Target, bool kTiled, int kSweeps, bool kEvictFirst>
+template <class E, class Target, bool kTiled, int kSweeps, bool kEvictFirst, bool kLead256 = true>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kernel(const Params p) {
   __shared__ float4 warp_state[2][kWarps];     // (m, s, target logit or 0, unused) per warp, by item parity
   __shared__ float warp_sums[2][kWarps];       // loss sum per warp, by chunk parity
@@ -1047,7 +1048,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_mean_kerne
         const auto* seg = logits + row * p.row_stride + c0;
         const int len = int(min((long long)p.seg_len, p.cols - c0));
         const int tcol = target >= c0 && target < c0 + len ? int(target - c0) : -1;
-        st = reduce_segment<E, kEvictFirst>(seg, len, lane, group, tcol, tail_vecs + threadIdx.x, x_target, t_lane);
+        st = reduce_segment<E, kEvictFirst, kLead256>(seg, len, lane, group, tcol, tail_vecs + threadIdx.x, x_target, t_lane);
       }
 
       // The group's merged state and target logit, complete in its leader.
@@ -1300,6 +1301,10 @@ void launch_typed(const Params& p, int grid, cudaStream_t stream) {
   if (p.one_row) cross_entropy_mean_one_row_kernel<E><<<1, p.group, 0, stream>>>(p);
   else if (p.batch_rows == 1) cross_entropy_mean_row_batch_kernel<E, 1, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   else if (p.batch_rows == 2) cross_entropy_mean_row_batch_kernel<E, 2, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
+  else if (p.tile_rows == 0 && kEvictFirst && !p.lead_256)
+    // Rows in registers that keep the 16-byte grid, in a kernel of their own: a lead known only at run
+    // time cost them 0.5-1.5 us (groups of 32 and 64 threads, evict-first; bench/PERF.md).
+    cross_entropy_mean_kernel<E, Target, false, kVectorSweeps, true, false><<<grid, kThreads, seg_smem, stream>>>(p);
   else if (p.tile_rows == 0) cross_entropy_mean_kernel<E, Target, false, kVectorSweeps, kEvictFirst><<<grid, kThreads, seg_smem, stream>>>(p);
   else if (p.cols >= kShortRowElems<E>) cross_entropy_mean_kernel<E, Target, true, kVectorSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
   else if (pair_rows<E>(p)) cross_entropy_mean_kernel<E, Target, true, kPairSweeps, kEvictFirst><<<grid, kThreads, 0, stream>>>(p);
@@ -1325,7 +1330,8 @@ void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t ou
                                uintptr_t exact, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
                                int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks,
-                               int64_t tile_rows, int64_t batch_rows, bool one_row, bool evict_first, int64_t grid, int64_t device, uintptr_t stream) {
+                               int64_t tile_rows, int64_t batch_rows, bool one_row, bool lead_256, bool evict_first, int64_t grid,
+                               int64_t device, uintptr_t stream) {
   Params p;
   p.logits = reinterpret_cast<const void*>(logits);
   p.targets = reinterpret_cast<const void*>(targets);
@@ -1347,6 +1353,7 @@ void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t ou
   p.tile_rows = int(tile_rows);
   p.batch_rows = int(batch_rows);
   p.one_row = one_row;
+  p.lead_256 = lead_256;
   p.target_bytes = int(target_bytes);
 
   int previous = 0;
@@ -1371,7 +1378,8 @@ void launch_cross_entropy_mean(uintptr_t logits, uintptr_t targets, uintptr_t ou
                                uintptr_t exact, uintptr_t seg_partials, int64_t rows, int64_t cols,
                                int64_t row_stride, int64_t target_stride, int64_t dtype, int64_t target_bytes,
                                int64_t splits, int64_t seg_len, int64_t group, int64_t chunk_rounds, int64_t chunks,
-                               int64_t tile_rows, int64_t batch_rows, bool one_row, bool evict_first, int64_t grid, int64_t device, uintptr_t stream);
+                               int64_t tile_rows, int64_t batch_rows, bool one_row, bool lead_256, bool evict_first, int64_t grid,
+                               int64_t device, uintptr_t stream);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("launch", &launch_cross_entropy_mean, "Launch the fused cross-entropy-mean kernel (raw pointers).");
@@ -1387,6 +1395,7 @@ _VECS_PER_THREAD = 16   # 16-byte vectors per thread and item (two batches), whe
                         # one batch (twice the group) where the loads are evict-first: see _plan
 _MIN_SLOT_FILL = {_BATCH: 0.8, _VECS_PER_THREAD: 0.7}  # ... and half the group where a row fills less of them
 _SHORT_TAIL = 4         # a row's last batch of at most this many vectors a thread rides along with the one before it
+_EVICT_FIRST_LEAD_MIN_GROUP = 64  # evict-first rows counted from the 256-byte grid: only in groups this large (_lead_256)
 _MAX_SEG = 1 << 30      # in-segment column indices are 32-bit
 _SEG_SLAB = 2 * _THREADS  # segments per row at most: the last CTA stages a row's partials at once (kSegSlab)
 _CLAIM_BYTES = 16 << 10 # a CTA's round reads at least this much: claim chunks of one round
@@ -1416,6 +1425,7 @@ class _Plan(NamedTuple):
     tile_rows: int = 0  # short rows: rows per tile staged through shared memory; 0: rows in registers
     batch_rows: int = 0  # rows that fill a CTA batch exactly: rows per chunk (1 or 2); 0: another layout
     one_row: bool = False  # a lone row, one batch per thread at most: the one-row kernel on `group` threads
+    lead_256: bool = False  # rows in registers: each row's vectors counted from the 256-byte grid (_lead_256)
 
 
 def _pow2_at_least(x):
@@ -1556,8 +1566,45 @@ def _plan(rows, cols, row_stride, elem_bytes, num_sms, evict_first, aligned=True
     round_bytes = groups * min(seg_len, cols) * elem_bytes
     rounds = 1 if round_bytes >= _CLAIM_BYTES else max(1, -(-items // (groups * max_grid)))
     chunks = -(-items // (groups * rounds))
+    lead_256 = _lead_256(group, [cols] if splits == 1 else [seg_len, cols - (splits - 1) * seg_len], per_vec, evict_first)
     # Every CTA that fits on the GPU at once, while there are chunks for them.
-    return _Plan(max(1, min(max_grid, chunks)), group, splits, seg_len, rounds, chunks)
+    return _Plan(max(1, min(max_grid, chunks)), group, splits, seg_len, rounds, chunks, lead_256=lead_256)
+
+
+def _lead_256(group, lengths, per_vec, evict_first):
+    """Whether reduce_segment counts the vectors of each item (a row, or a segment of `lengths[k]`
+    columns) from the 256-byte boundary at or below its body: a lead of up to 15 vectors that no lane
+    loads, so that each warp's load covers whole 256-byte blocks. Plain loads take it in every group
+    of two threads or more (a lone thread never does: see reduce_segment). Evict-first loads take it
+    only in groups of 64 threads or more, where every item has at least two batches, and where the
+    lead changes none of them wherever the item starts (as many batches, the last riding along or
+    not). There, H100, us: 4096 x 32001 bf16 100.7 against 102.7, 3000 x 40001 bf16 94.7 against 97.2,
+    20000 x 6001 bf16 (groups of 64) 93.1 against 94.9. Where the lead added a batch (8192 x 16385
+    bf16: rows of 2047 or 2048 vectors) it gained 4.4 us on one machine and lost 1.6-3.3 on others;
+    rows of one batch lost 1.0-1.2 us (16000 x 7001 bf16), groups of 32 went either way
+    (bench/PERF.md)."""
+    if group == 1:
+        return False
+    if not evict_first:
+        return True
+    if group < _EVICT_FIRST_LEAD_MIN_GROUP:
+        return False
+    batch = _BATCH * group
+
+    def last_batch(end):  # its first vector
+        return (end - 1) // batch * batch
+
+    def rides(end):  # the last batch rides along with the one before it (reduce_segment's short tail)
+        return last_batch(end) > 0 and end - last_batch(end) <= _SHORT_TAIL * group
+
+    for length in lengths:
+        # The body's end in vectors, lead included: fewest where the item starts one element past the
+        # 16-byte grid and takes no lead, most where it starts on that grid 15 vectors past the 256-byte
+        # one. Both ends of that range in the same last batch, after a first one, and riding alike.
+        fewest, most = (length - per_vec + 1) // per_vec, length // per_vec + 15
+        if last_batch(fewest) < batch or last_batch(most) != last_batch(fewest) or rides(most) != rides(fewest):
+            return False
+    return True
 
 
 def _evict_first(logit_bytes, l2_bytes, elem_bytes, row_batches, tiles=False, fast_memory=False):
@@ -1769,7 +1816,7 @@ def _cross_entropy_mean(logits, targets, check_targets=False):
     _ext.launch(logits_ptr, targets.data_ptr(), out.data_ptr(), base, base + exact_off, base + seg_off,
                 rows, cols, row_stride, targets.stride(0) if rows else 1, _DTYPE_CODES[logits.dtype],
                 targets.element_size(), plan.splits, plan.seg_len, plan.group, plan.rounds, plan.chunks,
-                plan.tile_rows, plan.batch_rows, plan.one_row, evict_first, plan.grid, index, stream)
+                plan.tile_rows, plan.batch_rows, plan.one_row, plan.lead_256, evict_first, plan.grid, index, stream)
     return out
 
 

@@ -88,11 +88,12 @@ def template_args(name):
 
 
 def evict_first_kernel(name):
-    """Whether the kernel is the instance that reads the logits evict-first (its last template
-    argument, kEvictFirst)."""
-    last = template_args(name)[-1]
-    assert last in ("true", "false"), name
-    return last == "true"
+    """Whether the kernel is the instance that reads the logits evict-first: its template argument
+    kEvictFirst, the last of the row-batch kernel's, the fifth of the other's (<E, Target, kTiled,
+    kSweeps, kEvictFirst, kLead256>)."""
+    arg = template_args(name)[-1 if "row_batch" in name else 4]
+    assert arg in ("true", "false"), name
+    return arg == "true"
 
 
 # Every kernel instance, under either kind of load: the host picks one by the logits' size, so
@@ -112,8 +113,12 @@ def test_both_kinds_of_load(model, policy, rows, cols, dtype, tdtype, evict_firs
     name = launched_kernel(lambda: out.append(model(x, t)))
     assert evict_first_kernel(name) == evict_first
     assert ("row_batch" in name) == ((rows, cols) == PATHS["row batches"]), name
-    if "row_batch" not in name:  # <E, Target, kTiled, kSweeps, kEvictFirst>
+    if "row_batch" not in name:  # <E, Target, kTiled, kSweeps, kEvictFirst, kLead256>
         assert template_args(name)[3] == sweeps_expected(rows, cols), name
+        # evict-first rows in registers that take no lead (_lead_256) have an instance of their own
+        plan, _ = plan_for(x)
+        no_lead = evict_first and not plan.tile_rows and not plan.lead_256
+        assert template_args(name)[5] == ("false" if no_lead else "true"), (name, plan)
     assert_matches(out[0], x, t)
 
 
@@ -286,6 +291,28 @@ def test_special_values_in_the_edges_of_rows_off_the_grid(model, policy, dtype, 
         expected = torch.nn.functional.cross_entropy(x.float(), t)
         rtol = 1e-5 if dtype == torch.float32 else 1e-2  # a 16-bit result
         torch.testing.assert_close(model(x, t).float(), expected, equal_nan=True, rtol=rtol, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_evict_first_rows_off_the_256_byte_grid_take_the_lead(model, policy, dtype):
+    """Evict-first rows in registers counted from the 256-byte grid (_lead_256), in their own kernel:
+    2500 or 2501 vectors a row, two batches of a group of 256 threads (three of 128 where memory is
+    fast: _fast_memory), the last riding along. Rows an odd number of elements apart start at every
+    element offset of the 256-byte grid, so every lead from 0 to 15 occurs, beside every head and tail
+    of scalar edges; the targets sit in the first and last 32 columns and spread between them, so in
+    lanes before and after the lead's end."""
+    policy("_evict_first", lambda *_: True)
+    cols = 40004 // dtype.itemsize | 1  # 10001 float32 or 20003 16-bit columns: odd, and so is the stride
+    for name, x in [("odd stride", logits(1000, cols + 2, dtype)[:, :cols]),
+                    ("odd stride, unaligned start", logits(1000, cols + 2, dtype)[:, 1:cols + 1])]:
+        t = spread_columns(1000, cols)
+        plan, evict_first = plan_for(x)
+        assert evict_first and plan.lead_256 and plan.group >= 128 and plan.splits == 1, (name, plan)
+        x = spiked(x, t)
+        out = []
+        kernel = launched_kernel(lambda: out.append(model(x, t)))
+        assert template_args(kernel)[4:] == ["true", "true"], kernel  # evict-first, with the lead
+        assert_matches(out[0], x, t)
 
 
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])

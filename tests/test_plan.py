@@ -91,6 +91,51 @@ def test_rows_that_leave_slots_empty_get_half_the_group(cols, elem_bytes, evict_
         assert vecs >= p.group * model_new._BATCH and vecs < model_new._MIN_SLOT_FILL[per_thread] * per_thread * whole
 
 
+def kernel_batches(end, group):
+    """reduce_segment's batches for a body ending at vector `end` (lead included): the last batch's
+    first vector, and whether that batch rides along with the one before it."""
+    batch = model_new._BATCH * group
+    tail_batch = (end - 1) & -batch
+    return tail_batch, tail_batch > 0 and end - tail_batch <= model_new._SHORT_TAIL * group
+
+
+@pytest.mark.parametrize("per_vec", [4, 8])
+@pytest.mark.parametrize("group", [1, 2, 32, 64, 128, 256])
+def test_lead_256_only_where_no_item_changes_its_batches(per_vec, group):
+    """_lead_256 against every start an item can have: each element offset from the 16-byte grid (its
+    head) and each lead of 0 to 15 vectors. Evict-first loads take the lead in groups of 64 or more
+    only where every item has two batches or more and keeps them, as many and riding alike, whatever
+    its start; plain loads in every group but a lone thread."""
+    batch = model_new._BATCH * group
+    # lengths around each batch's end and around where a last batch stops riding (half a batch in)
+    lengths = sorted({n for k in range(1, 6) for half in (0, batch // 2) for d in range(-130, 131, 3)
+                      if (n := (k * batch + half) * per_vec + d) > 0} | set(range(1, 3 * per_vec * 16 + 1, 7)))
+    for length in lengths:
+        starts = [(length - head) // per_vec for head in range(per_vec)]  # whole vectors in the body
+        keeps = all(kernel_batches(nvec + lead, group) == kernel_batches(nvec, group) and kernel_batches(nvec, group)[0] > 0
+                    for nvec in starts for lead in range(16))
+        assert model_new._lead_256(group, [length], per_vec, True) == (group >= 64 and keeps), length
+        assert model_new._lead_256(group, [length], per_vec, False) == (group > 1), length
+    # segments: every length must keep its batches
+    keep, change = (batch + 3 * batch // 4) * per_vec, batch * per_vec  # 1.75 batches; one exactly
+    if group >= 64:
+        assert model_new._lead_256(group, [keep, keep], per_vec, True)
+        assert not model_new._lead_256(group, [keep, change], per_vec, True)
+
+
+@pytest.mark.parametrize("rows, cols, elem_bytes, lead", [
+    (4096, 32001, 2, True), (3000, 40001, 2, True), (20000, 6001, 2, True), (13421, 5001, 4, True),
+    (8192, 16385, 2, False),  # 2047 or 2048 vectors: the lead would add a second batch
+    (16000, 7001, 2, False),  # one batch
+    (53687, 2500, 2, False),  # groups of 32
+    (4096, 32000, 2, True),   # on the 256-byte grid: a lead of 0, which the kernel works out per row
+])
+def test_evict_first_rows_counted_from_the_256_byte_grid(rows, cols, elem_bytes, lead):
+    p = _plan(rows, cols, cols, elem_bytes, 132, True)
+    assert p.splits == 1 and not p.tile_rows and not p.batch_rows and p.lead_256 == lead, p
+    assert _plan(rows, cols, cols, elem_bytes, 132, False).lead_256  # plain loads: always
+
+
 @pytest.mark.parametrize("rows, cols", SHAPES)
 @pytest.mark.parametrize("elem_bytes", [4, 2])
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
