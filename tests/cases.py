@@ -10,11 +10,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 SHAPES = [(32768, 4096), (4001, 4096), (4096, 129), (1000, 10), (1000000, 10), (257, 4099), (16, 256000),
           (3, 100003), (1, 4096), (1, 32003), (1, 1), (5, 1), (2, 3), (0, 17)]
 
-# A shape for each of the kernels' paths: short rows in shared-memory tiles, rows of fewer than 4
-# vectors in tiles (their own kernels), by a group of lanes each or by a thread each (several rows
-# a thread, at a stride known to the compiler; rows of an even width two elements a load, of an odd
-# one element by element), rows in registers, rows that fill a CTA batch, a lone row
-# (test_plan checks that they take them, in every dtype).
+# A shape for each kernel the policy can choose: tiles of short rows (vector sweeps; rows of fewer
+# than 4 vectors by a group of lanes each, or by a thread each, two elements a load where the width
+# is even, else one), rows in registers, row batches, one row (test_policy checks that each takes
+# its kernel, in every dtype).
 PATHS = {"tiled": (512, 77), "tiled short": (3000, 10), "tiled short, thread per row": (200000, 12),
          "tiled short, thread per row, odd width": (200000, 11), "registers": (64, 5000), "row batches": (4000, 4096),
          "one row": (1, 4096)}

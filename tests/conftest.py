@@ -14,3 +14,23 @@ requires_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA GPU visible: the GP
 def read(name):
     with open(os.path.join(ROOT, name)) as f:
         return f.read()
+
+
+@pytest.fixture(scope="module")
+def model():
+    import model_new
+    return model_new.ModelNew()
+
+
+@pytest.fixture
+def policy(monkeypatch):
+    """Replaces one of model_new's launch-policy functions for a test. The plans it caches per
+    problem are dropped on the way in and on the way out, so that no test sees another's."""
+    import model_new
+    cached = model_new._plan_on  # itself replaceable
+
+    def replace(name, value):
+        monkeypatch.setattr(model_new, name, value)
+        cached.cache_clear()
+    yield replace
+    cached.cache_clear()

@@ -1,0 +1,159 @@
+"""The launch policy: the kernel family first, then the kind of load, then the family's shape.
+Each family's own shape rules are tested beside its GPU cases (test_rows.py, test_tiles.py,
+test_row_batches.py, test_one_row.py); here, what holds for every plan."""
+import pytest
+
+import model_new
+from cases import PATHS
+from plans import A100_PROPS, H100, H100_PROPS, H200_PROPS, SHAPES, gpu, plan, plan_on, props
+
+FAMILIES = {model_new._ROWS: "rows", model_new._TILES: "tiles", model_new._ROW_BATCHES: "row batches",
+            model_new._ONE_ROW: "one row"}
+
+
+@pytest.mark.parametrize("rows, cols", SHAPES)
+@pytest.mark.parametrize("elem_bytes", [4, 2])
+@pytest.mark.parametrize("sms", [132, 108, 1, 1000])
+@pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
+def test_every_plan_is_legal(rows, cols, elem_bytes, sms, evict_first):
+    p = plan(rows, cols, elem_bytes, evict_first, on=gpu(sms))
+    assert p.family in FAMILIES and p.evict_first == evict_first
+    assert 1 <= p.grid <= max(1, sms * model_new._CTAS_PER_SM)
+    threads = model_new._ONE_ROW_THREADS if p.family == model_new._ONE_ROW else model_new._THREADS
+    assert p.group & (p.group - 1) == 0 and 1 <= p.group <= threads
+    # the chunks cover every item (a row, or a segment of one) once
+    per_chunk = {model_new._ROW_BATCHES: p.batch_rows, model_new._TILES: p.tile_rows,
+                 model_new._ONE_ROW: 1}.get(p.family, model_new._THREADS // p.group * p.rounds)
+    items = rows * p.splits
+    assert (p.chunks - 1) * per_chunk < items <= p.chunks * per_chunk or items == p.chunks == 0
+    # the claim counter is 32-bit and runs at most one claim per CTA past the last chunk
+    assert p.chunks + 2 * p.grid < 2**32
+    # only rows in registers are split
+    assert p.splits == 1 or p.family == model_new._ROWS
+
+
+def test_the_family_is_the_first_that_takes_the_problem():
+    """_family's table, a problem each, and the next family down where one condition fails."""
+    cases = [
+        ((1, 4096, 4096, 4, 0), model_new._ONE_ROW),        # a lone row of up to 128 KB
+        ((1, 32768, 32768, 4, 0), model_new._ONE_ROW),      # 128 KB exactly
+        ((1, 32772, 32772, 4, 0), model_new._ROWS),         # past it: split into segments
+        ((32768, 4096, 4096, 4, 0), model_new._ROW_BATCHES),  # one fp32 row fills a CTA batch
+        ((32768, 4096, 4096, 2, 0), model_new._ROW_BATCHES),  # two 16-bit rows
+        ((32768, 4096, 4096, 4, 4), model_new._ROWS),       # off the 16-byte grid: not row batches
+        ((32768, 1024, 1024, 4, 0), model_new._TILES),      # four rows a batch: short rows in tiles
+        ((65536, 1000, 1000, 2, 0), model_new._TILES),
+        ((300, 1000, 10000, 4, 0), model_new._ROWS),        # rows far apart: not staged in tiles
+        ((4096, 32000, 32000, 2, 0), model_new._ROWS),
+    ]
+    for (rows, cols, stride, elem_bytes, offset), family in cases:
+        got = model_new._family(rows, cols, stride, elem_bytes, H100, offset)
+        assert got == family, (rows, cols, stride, elem_bytes, offset, FAMILIES[got])
+
+
+@pytest.mark.parametrize("elem_bytes", [4, 2])
+def test_the_gpu_test_shapes_take_the_path_they_test(elem_bytes):
+    """cases.PATHS names a shape for each kernel the policy can choose; each takes it, in every dtype."""
+    p = {name: plan(rows, cols, elem_bytes, False) for name, (rows, cols) in PATHS.items()}
+    per_vec = 16 // elem_bytes
+    assert p["tiled"].family == model_new._TILES and p["tiled"].sweeps == model_new._VECTOR_SWEEPS
+    assert p["tiled short"].family == model_new._TILES and p["tiled short"].group > 1
+    assert p["tiled short"].sweeps == model_new._ELEMENT_SWEEPS
+    assert p["tiled short, thread per row"].sweeps == model_new._PAIR_SWEEPS
+    assert p["tiled short, thread per row, odd width"].sweeps == model_new._ELEMENT_SWEEPS
+    for name in ("tiled short, thread per row", "tiled short, thread per row, odd width"):
+        assert p[name].group == 1 and p[name].tile_rows > model_new._THREADS  # rows a thread
+    assert PATHS["tiled short"][1] < 4 * per_vec <= PATHS["tiled"][1]
+    assert p["registers"].family == model_new._ROWS and p["registers"].splits == 1
+    assert p["row batches"].family == model_new._ROW_BATCHES
+    assert p["one row"].family == model_new._ONE_ROW
+    assert plan(16, 256000, elem_bytes).splits > 1  # split rows, in cases.SHAPES
+
+
+def test_every_instance_is_reachable():
+    """Every (family, compile-time choice, kind of load) the launch can pick is some plan's: the
+    instances the build compiles are all in use."""
+    seen = set()
+    for (rows, cols), elem_bytes, stride, offset, ef in [
+            (s, e, st, o, ef) for s in list(PATHS.values()) + [(4001, 2048), (4096, 32001), (53687, 2500), (20000, 80)]
+            for e in (4, 2) for st in (None, "odd") for o in (0, e) for ef in (True, False)]:
+        stride = cols + 1 if stride == "odd" else None
+        p = plan(rows, cols, elem_bytes, ef, stride=stride, offset=offset)
+        choice = {model_new._ROWS: p.lead_256 or not ef, model_new._TILES: p.sweeps,
+                  model_new._ROW_BATCHES: p.batch_rows, model_new._ONE_ROW: None}[p.family]
+        seen.add((p.family, choice, ef if p.family != model_new._ONE_ROW else None))
+    expected = ({(model_new._ROWS, lead, ef) for lead, ef in ((True, True), (True, False), (False, True))} |
+                {(model_new._TILES, s, ef) for s in range(3) for ef in (True, False)} |
+                {(model_new._ROW_BATCHES, b, ef) for b in (1, 2) for ef in (True, False)} |
+                {(model_new._ONE_ROW, None, None)})
+    assert seen == expected, expected ^ seen
+
+
+def test_evict_first_loads_for_reads_of_a_few_l2_sizes_and_16_bit_row_batches():
+    ef = model_new._evict_first
+    limit = model_new._EVICT_FIRST_L2S * H100.l2_bytes
+    for elem_bytes in (4, 2):
+        assert ef(model_new._ROWS, 0, elem_bytes, H100) and ef(model_new._ROWS, limit, elem_bytes, H100)
+        assert not ef(model_new._ROWS, limit + 1, elem_bytes, H100)
+        assert not ef(model_new._TILES, limit + 1, elem_bytes, H100)
+    assert ef(model_new._TILES, 65536 * 1000 * 2, 2, H100)             # 125 MiB of bf16 tiles
+    assert ef(model_new._ROW_BATCHES, 32768 * 4096 * 2, 2, H100)       # 256 MiB of bf16 row batches
+    assert not ef(model_new._ROWS, 5120 * 32000 * 2, 2, H100)          # 312 MiB
+    assert not ef(model_new._ROW_BATCHES, 32768 * 4096 * 4, 4, H100)  # 512 MiB of fp32 row batches
+    assert ef(model_new._ROW_BATCHES, 65536 * 8192 * 2, 2, H100)       # 1 GiB of 16-bit row batches
+
+
+def test_fast_memory_is_bandwidth_per_sm():
+    assert not model_new._fast_memory(props(**H100_PROPS))  # 3.35 TB/s: 25 GB/s per SM
+    assert model_new._fast_memory(props(**H200_PROPS))      # 4.8 TB/s: 36 GB/s per SM
+    assert not model_new._fast_memory(props(**A100_PROPS))  # 2.0 TB/s over 108 SMs
+    assert model_new._fast_memory(props(**dict(H200_PROPS, multi_processor_count=66)))
+    # A torch that does not report the memory: the rules the H100 was measured with.
+    assert not model_new._fast_memory(props(multi_processor_count=132, L2_cache_size=60 << 20))
+
+
+def test_fast_memory_takes_row_batches_up_to_a_few_l2_sizes(monkeypatch):
+    limit = model_new._FAST_MEMORY_L2S * H200_PROPS["L2_cache_size"]
+    for cols, elem_bytes in ((4096, 4), (4096, 2), (2048, 4), (8192, 2)):
+        rows = limit // (cols * elem_bytes)
+        p = plan_on(monkeypatch, H200_PROPS, rows, cols, elem_bytes)
+        assert p.family == model_new._ROW_BATCHES and p.evict_first, (cols, elem_bytes)
+        p = plan_on(monkeypatch, H200_PROPS, rows + 1, cols, elem_bytes)  # past it: rows in registers
+        assert p.family == model_new._ROWS and p.evict_first == (elem_bytes == 2), (cols, elem_bytes)
+        # The H100 takes both in row batches, and reads 16-bit rows evict-first at any size.
+        p = plan_on(monkeypatch, H100_PROPS, rows + 1, cols, elem_bytes)
+        assert p.family == model_new._ROW_BATCHES and p.evict_first
+    p = plan_on(monkeypatch, H200_PROPS, 32768, 4096, 4)  # 512 MiB
+    assert p.family == model_new._ROWS and not p.evict_first
+
+
+def test_fast_memory_reads_evict_first_up_to_6_l2_sizes_but_fp32_rows_outside_tiles_up_to_3(monkeypatch):
+    six, three = (n * H200_PROPS["L2_cache_size"] for n in (model_new._EVICT_FIRST_L2S, model_new._FAST_MEMORY_L2S))
+    for cols, elem_bytes, limit, tiles in [(32000, 2, six, False), (32000, 4, three, False),
+                                           (4104, 4, three, False), (1000, 2, six, True), (1000, 4, six, True)]:
+        rows = limit // (cols * elem_bytes)
+        p = plan_on(monkeypatch, H200_PROPS, rows, cols, elem_bytes)
+        assert p.evict_first and (p.family == model_new._TILES) == tiles, (cols, elem_bytes)
+        assert not plan_on(monkeypatch, H200_PROPS, rows + 1, cols, elem_bytes).evict_first, (cols, elem_bytes)
+
+
+def test_plan_on_reads_the_device_and_caches(monkeypatch):
+    p = plan_on(monkeypatch, H100_PROPS, 32768, 4096, 4)
+    assert p == plan(32768, 4096, 4) and p.grid == 132 * model_new._CTAS_PER_SM
+    calls = []
+    monkeypatch.setattr(model_new, "_device_properties", lambda i: calls.append(i) or props(**H100_PROPS))
+    model_new._plan_on.cache_clear()
+    for _ in range(3):
+        model_new._plan_on(0, 100, 1000, 1000, 4, 0)
+    model_new._plan_on.cache_clear()
+    assert calls == [0]
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 3), (5, 4096), (70000, 3), (70000, 4096), (5, 300000), (32768, 4096)])
+def test_workspace_layouts_are_aligned(rows, cols):
+    p = plan(rows, cols, 4, False)
+    exact_off, seg_off, nbytes = model_new._workspace_layout(p, rows)
+    # The counters first (16 bytes), then the exact sum's words, read 16 bytes at a time.
+    assert exact_off == 16 and model_new._EXACT_WORDS % 2 == 0
+    assert seg_off >= exact_off + 8 * model_new._EXACT_WORDS and seg_off % 16 == 0
+    assert nbytes == seg_off + (16 * rows * p.splits if p.splits > 1 else 0)
