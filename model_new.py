@@ -59,6 +59,10 @@ _CUDA_SRC = r"""
 //
 // Loads: the logits stream through plain 16-byte loads, or evict-first ones where they are at most
 // a few L2 sizes (the host's _evict_first); each kind has its own instances.
+//
+// The constants this source shares with the host (kThreads, kBatch, ...) and the launch's parameter
+// block (struct Params) are written ahead of it from model_new's _KERNEL_CONSTANTS and _PARAMS, where
+// each is declared once.
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
