@@ -53,8 +53,10 @@ def load_version(path, tag):
     cpp_extension.load_inline = tagged
     spec = importlib.util.spec_from_file_location(f"model_new_{tag}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cpp_extension.load_inline = original
+    try:
+        spec.loader.exec_module(module)
+    finally:  # a version that fails to build leaves load_inline as it was
+        cpp_extension.load_inline = original
     module.policy_evict_first = module._evict_first
     return module
 

@@ -11,16 +11,16 @@ from plans import SHAPES, gpu, plan
 
 
 # ------------------------------------------------------------------ the shape (CPU)
-@pytest.mark.parametrize("rows, cols", SHAPES)
 @pytest.mark.parametrize("elem_bytes", [4, 2])
 @pytest.mark.parametrize("sms", [132, 108, 1, 1000])
-def test_whole_rows_fill_a_batch_and_every_cta_gets_several(rows, cols, elem_bytes, sms):
-    p = plan(rows, cols, elem_bytes, on=gpu(sms))
-    if p.family != model_new._ROW_BATCHES:
-        return
-    assert p.splits == 1 and p.batch_rows in (1, 2) and p.group == model_new._THREADS
-    assert p.batch_rows * cols * elem_bytes == model_new._ROW_BATCH_VECS * 16
-    assert p.chunks >= model_new._ROW_BATCH_MIN_CHUNKS * p.grid
+def test_whole_rows_fill_a_batch_and_every_cta_gets_several(elem_bytes, sms):
+    shapes = SHAPES + [(65536, 4096), (32768, 2048 * 4 // elem_bytes)]
+    batched = [(cols, p) for rows, cols in shapes if (p := plan(rows, cols, elem_bytes, on=gpu(sms))).family == model_new._ROW_BATCHES]
+    assert len(batched) >= 2
+    for cols, p in batched:
+        assert p.splits == 1 and p.batch_rows in (1, 2) and p.group == model_new._THREADS
+        assert p.batch_rows * cols * elem_bytes == model_new._ROW_BATCH_VECS * 16
+        assert p.chunks >= model_new._ROW_BATCH_MIN_CHUNKS * p.grid
 
 
 def test_headline_shape_fills_the_gpu_with_whole_rows():
