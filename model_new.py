@@ -3,6 +3,7 @@
 ModelNew()(logits, targets) equals cross_entropy(logits, targets) with PyTorch's defaults
 (mean reduction, ignore_index -100) for float32, bfloat16 and float16 logits of shape (N, C) or
 (C,) and int64 or int32 class-index targets. The result is a 0-dim tensor of the logits' dtype.
+It builds at import for the GPU present, of compute capability 7.5 (T4) or newer.
 
 One launch reads every logit once and writes nothing of size N x C: each row is reduced to
 (max, sum of exp) in fp32, the target logit picked out on the way; the losses are summed exactly,
@@ -11,6 +12,7 @@ in integers, so the result is bitwise the same from run to run; the last CTA to 
 Where to look:
   _CUDA_SRC             the kernels: its header gives the algorithm and the four kernel families
   the launch policy     _plan: the family (_family), the kind of load (_evict_first), the shape
+  the GPU               _gpu: the driver's figures the policy reads (_DEVICE_ATTRIBUTES)
   the boundary          _PARAMS: the launch's one parameter block, declared once for both sides
   the dispatch          _cross_entropy_mean, called by ModelNew.forward
 The figures behind each choice are in bench/PERF.md, by the section a comment names.
@@ -60,9 +62,12 @@ _CUDA_SRC = r"""
 // Loads: the logits stream through plain 16-byte loads, or evict-first ones where they are at most
 // a few L2 sizes (the host's _evict_first); each kind has its own instances.
 //
-// The constants this source shares with the host (kThreads, kBatch, ...) and the launch's parameter
-// block (struct Params) are written ahead of it from model_new's _KERNEL_CONSTANTS and _PARAMS, where
-// each is declared once.
+// The constants this source shares with the host (kThreads, kBatch, ...), the launch's parameter
+// block (struct Params) and the device attributes the host's policy reads are written ahead of it
+// from model_new's _KERNEL_CONSTANTS, _PARAMS and _DEVICE_ATTRIBUTES, where each is declared once.
+//
+// Every architecture from sm_75 on builds the same kernels; where sm_75 lacks an instruction
+// (cp.async, bf16 conversion, the packed 16-bit max) a compile-time branch does without it.
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -72,12 +77,26 @@ _CUDA_SRC = r"""
 namespace {
 
 constexpr int kWarps = kThreads / 32;
+// sm_75's code and Blackwell's need more registers a thread than sm_80's to sm_90's (the host's
+// _more_registers).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr bool kSm75 = true, kMoreRegisters = true;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr bool kSm75 = false, kMoreRegisters = true;
+#else
+constexpr bool kSm75 = false, kMoreRegisters = false;
+#endif
+// CTAs per SM the launch bounds promise room for: kCtasPerSm leaves 85 registers a thread.
+constexpr int kResidentCtas = kMoreRegisters ? kCtasPerSmMoreRegisters : kCtasPerSm;
+// The one-row kernel's most threads: 64 registers each at 1024, too few for sm_75's code.
+constexpr int kOneRowCta = kSm75 ? kOneRowThreadsSm75 : kOneRowThreads;
 constexpr long long kIgnoreIndex = -100;     // PyTorch's default ignore_index
 constexpr float kLog2e = 1.4426950408889634f;
 
 // ------------------------------------------------------------------ element formats
 // Each format turns the words of a 16-byte vector, or one stored element, into floats, and stores
-// the result. Conversions are spelled in PTX so the file needs no fp16 headers. A Pair is two
+// the result. Conversions are spelled in PTX so the file needs no fp16 headers; what sm_75 lacks
+// (bf16 conversion, the packed max) in plain integer and float operations. A Pair is two
 // neighbouring elements read from shared memory in one load (short_row_pair_sweeps): a 32-bit word
 // of a 16-bit format, 8 bytes of float32; low() and high() unpack it, pair_max() takes the max of
 // two pairs element by element, and word_max() the larger element of one.
@@ -93,6 +112,7 @@ __device__ __forceinline__ float half_bits_to_float(uint32_t bits) {
 struct F32 {
   using Storage = float;
   static constexpr int kPerVec = 4;
+  static constexpr bool kPackedMax = true;  // max2 of a word is fmaxf
   static constexpr uint32_t kNegInfWord = 0xff800000u;
   __device__ static float at(const uint4& v, int i) { return __uint_as_float(word(v, i)); }
   __device__ static uint32_t max2(uint32_t a, uint32_t b) { return __float_as_uint(fmaxf(__uint_as_float(a), __uint_as_float(b))); }
@@ -126,35 +146,57 @@ struct Packed16 {
   __device__ static Pair neg_inf_pair() { return Format::kNegInfWord; }
   __device__ static Pair pair_max(Pair a, Pair b) { return Format::max2(a, b); }
   __device__ static Storage neg_inf() { return Storage(Format::kNegInfWord); }
+  __device__ static void store(void* out, float v) { *static_cast<Storage*>(out) = Format::bits(v); }
 };
 
 struct BF16 : Packed16<BF16> {
   static constexpr uint32_t kNegInfWord = 0xff80ff80u;
+#if __CUDA_ARCH__ >= 800
+  static constexpr bool kPackedMax = true;
+#else
+  static constexpr bool kPackedMax = false;  // max2 takes seven instructions
+#endif
   __device__ static uint32_t max2(uint32_t a, uint32_t b) {
+#if __CUDA_ARCH__ >= 800
     uint32_t r;
     asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
+#else  // the max of each half as floats, whose high halves are the bf16 bits
+    return __byte_perm(__float_as_uint(fmaxf(low(a), low(b))), __float_as_uint(fmaxf(high(a), high(b))), 0x7632);
+#endif
   }
   __device__ static float value(Storage x) { return __uint_as_float(uint32_t(x) << 16); }
-  __device__ static void store(void* out, float v) {
+  __device__ static Storage bits(float v) {  // v rounded to nearest even; NaN stays NaN
+#if __CUDA_ARCH__ >= 800
     unsigned short h;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    *static_cast<unsigned short*>(out) = h;
+    return h;
+#else
+    const uint32_t u = __float_as_uint(v);
+    return v != v ? Storage(0x7fff) : Storage((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
   }
 };
 
 struct F16 : Packed16<F16> {
   static constexpr uint32_t kNegInfWord = 0xfc00fc00u;
+  static constexpr bool kPackedMax = true;  // before sm_80, two instructions
   __device__ static uint32_t max2(uint32_t a, uint32_t b) {
+#if __CUDA_ARCH__ >= 800
     uint32_t r;
     asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
+#else  // a packed compare (sm_53) and a select: a NaN element may lose, and still reaches the sum of exp
+    uint32_t a_greater;
+    asm("set.gt.u32.f16x2 %0, %1, %2;" : "=r"(a_greater) : "r"(a), "r"(b));
+    return (a & a_greater) | (b & ~a_greater);
+#endif
   }
   __device__ static float value(Storage x) { return half_bits_to_float(x); }
-  __device__ static void store(void* out, float v) {
+  __device__ static Storage bits(float v) {
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    *static_cast<unsigned short*>(out) = h;
+    return h;
   }
 };
 
@@ -179,9 +221,11 @@ __device__ __forceinline__ uint4 load_vec(const uint4* p) {
 }
 
 // A 16-byte copy from global to shared memory that holds no register while in flight (cp.async),
-// evict-first in L2 where the loads are; and the wait for all of a thread's copies.
+// evict-first in L2 where the loads are; and the wait for all of a thread's copies. Before sm_80,
+// which has no cp.async, a load and a store: only the thread that copies reads the copy.
 template <bool kEvictFirst>
 __device__ __forceinline__ void copy_vec_async(uint4* dst, const uint4* src) {
+#if __CUDA_ARCH__ >= 800
   const unsigned int to = static_cast<unsigned int>(__cvta_generic_to_shared(dst));
   if constexpr (kEvictFirst) {
     asm volatile("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_first.b64 policy, 1.0;\n\t"
@@ -190,8 +234,15 @@ __device__ __forceinline__ void copy_vec_async(uint4* dst, const uint4* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(to), "l"(src) : "memory");
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
+#else
+  *dst = load_vec<kEvictFirst>(src);
+#endif
 }
-__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void wait_copies() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
 
 // A 16-byte store to a shared-memory address held in one 32-bit register: through a generic
 // pointer the compiler rebuilt the shared window's address before each predicated store.
@@ -280,6 +331,14 @@ __device__ __forceinline__ float sum_exp(float base, SumExp2 sum_exp2) {
 // so no unpacked copy of the vectors stays live until their exps.
 template <class E, int N>
 __device__ __forceinline__ float vectors_max(const uint4 (&v)[N]) {
+  if constexpr (!E::kPackedMax) {  // one float, word by word: the packed tree spilled where max2 is emulated
+    float m = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < N; ++u)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) m = fmaxf(m, E::word_max(word(v[u], i)));
+    return m;
+  }
   uint4 mx = v[0];
 #pragma unroll
   for (int u = 1; u < N; ++u) {
@@ -850,7 +909,7 @@ __device__ Total segments_total(const Params& p) {
 }
 
 template <class E, class Target, bool kEvictFirst, bool kLead256>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_rows_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_rows_kernel(const Params p) {
   __shared__ float4 warp_state[2][kWarps];     // (m, s, target logit or 0, unused) per warp, by item parity
   __shared__ float warp_sums[2][kWarps];       // loss sum per warp, by chunk parity
   __shared__ long long claimed[2];             // the chunk after next, by chunk parity
@@ -1141,7 +1200,7 @@ __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t,
 }
 
 template <class E, class Target, int kSweeps, bool kEvictFirst>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_tiles_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_tiles_kernel(const Params p) {
   __shared__ float warp_sums[2][kWarps];   // end_chunk's, by chunk parity
   __shared__ long long claimed[2];         // the chunk after next, by chunk parity
   __shared__ uint4 tile_vecs[kTileVecs + 2];  // a tile's vectors, a spare slot at each end
@@ -1271,7 +1330,7 @@ __device__ __forceinline__ void row_batch_step(const Params& p, const Batch& cur
 }
 
 template <class E, int kBatchRows, bool kEvictFirst>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_row_batches_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_row_batches_kernel(const Params p) {
   ChunkClaims claims;
   int merger = 0;
   unsigned int ignored = 0;  // the merging lanes' rows of ignore_index
@@ -1295,7 +1354,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) cross_entropy_row_batche
 // ("One row"). blockDim.x threads (whole warps, a power of two: the plan's group) take the row's
 // whole vectors threadIdx.x + u * blockDim.x, and the few elements outside them one each.
 template <class E>
-__global__ void __launch_bounds__(kOneRowThreads) cross_entropy_one_row_kernel(const Params p) {
+__global__ void __launch_bounds__(kOneRowCta) cross_entropy_one_row_kernel(const Params p) {
   __shared__ float2 warp_state[kOneRowThreads / 32];
   __shared__ float x_target;
   const TargetWords target = load_target_words(p, 0);
@@ -1387,6 +1446,18 @@ void launch_for_targets(const Params& p) {
 
 }  // namespace
 
+// The driver's figures for the host's launch policy, as int32s in kDeviceAttributes' order
+// (model_new._DEVICE_ATTRIBUTES).
+std::string device_attributes(int device) {
+  constexpr int n = sizeof kDeviceAttributes / sizeof kDeviceAttributes[0];
+  int values[n];
+  for (int i = 0; i < n; ++i) {
+    const cudaError_t err = cudaDeviceGetAttribute(&values[i], kDeviceAttributes[i], device);
+    if (err != cudaSuccess) throw std::runtime_error(std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(err));
+  }
+  return std::string(reinterpret_cast<const char*>(values), sizeof values);
+}
+
 // The launch: its parameter block as the host packed it (model_new._PARAMS, the layout of Params).
 void launch_cross_entropy(const std::string& block) {
   Params p;
@@ -1413,9 +1484,12 @@ _CPP_SRC = r"""
 #include <string>
 
 void launch_cross_entropy(const std::string& block);
+std::string device_attributes(int device);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("launch", &launch_cross_entropy, "Launch a cross-entropy kernel from its packed parameter block.");
+  m.def("device_attributes", [](int device) { return pybind11::bytes(device_attributes(device)); },
+        "The driver's figures for the launch policy, packed.");
 }
 """
 
@@ -1426,13 +1500,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
 # Shared with the kernels, which need them at compile time (_KERNEL_CONSTANTS):
 _THREADS = 256            # threads per CTA ("Launch shape")
-_CTAS_PER_SM = 3          # resident CTAs per SM, the kernels' launch bounds: 85 registers a thread
+_CTAS_PER_SM = 3          # resident CTAs per SM at most, the kernels' launch bounds: 85 registers a thread ...
+_CTAS_PER_SM_MORE_REGISTERS = 2  # ... where the code needs more (_more_registers)
 _BATCH = 8                # 16-byte loads a thread issues together, before the first is used
 _SHORT_TAIL = 4           # a row's last batch of at most this many vectors a thread rides along ("Loads")
 _TILE_TARGETS = 4         # targets a thread loads per tile
 _SEG_SLAB = 2 * _THREADS  # segments per row at most: the last CTA stages a row's partials at once
 _ROW_BATCH_LOADS = 4      # 16-byte loads a thread per batch of the row-batch kernel
-_ONE_ROW_THREADS = 1024   # the one-row kernel's most threads, each with a batch of the row
+_ONE_ROW_THREADS = 1024   # the one-row kernel's most threads, each with a batch of the row ...
+_ONE_ROW_THREADS_SM75 = 512  # ... before sm_80, whose code needs more than 64 registers a thread
 _EXACT_WORDS = 10         # 64-bit words of the exact sum: 9 digits and the flags
 
 # The host's alone:
@@ -1457,9 +1533,10 @@ _VECTOR_SWEEPS, _ELEMENT_SWEEPS, _PAIR_SWEEPS = range(3)  # how the tiles' kerne
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 _KERNEL_CONSTANTS = {
-    "kThreads": _THREADS, "kCtasPerSm": _CTAS_PER_SM, "kBatch": _BATCH, "kShortTail": _SHORT_TAIL,
+    "kThreads": _THREADS, "kCtasPerSm": _CTAS_PER_SM, "kCtasPerSmMoreRegisters": _CTAS_PER_SM_MORE_REGISTERS,
+    "kBatch": _BATCH, "kShortTail": _SHORT_TAIL,
     "kTileTargets": _TILE_TARGETS, "kSegSlab": _SEG_SLAB, "kRowBatchLoads": _ROW_BATCH_LOADS,
-    "kOneRowThreads": _ONE_ROW_THREADS, "kExactWords": _EXACT_WORDS,
+    "kOneRowThreads": _ONE_ROW_THREADS, "kOneRowThreadsSm75": _ONE_ROW_THREADS_SM75, "kExactWords": _EXACT_WORDS,
     "kFamilyRows": _ROWS, "kFamilyTiles": _TILES, "kFamilyRowBatches": _ROW_BATCHES, "kFamilyOneRow": _ONE_ROW,
     "kVectorSweeps": _VECTOR_SWEEPS, "kElementSweeps": _ELEMENT_SWEEPS, "kPairSweeps": _PAIR_SWEEPS,
     "kFloat32": _DTYPE_CODES[torch.float32], "kBFloat16": _DTYPE_CODES[torch.bfloat16],
@@ -1468,10 +1545,53 @@ _KERNEL_CONSTANTS = {
 
 
 class _Gpu(NamedTuple):
-    """What the policy reads off a GPU."""
+    """What the policy reads off a GPU (_gpu): the driver's figures, nothing measured on one chip."""
+    cc: int              # compute capability, 10 * major + minor: the code built for it (sm_75's is its own)
     sms: int
     l2_bytes: int
-    fast_memory: bool  # its memory outruns the row-batch kernel past a few L2 sizes (_fast_memory)
+    threads_per_sm: int  # resident threads per SM at most
+    smem_per_sm: int     # shared memory per SM, bytes ...
+    smem_reserved: int   # ... of which the system takes this much per CTA
+    bandwidth: float     # peak DRAM bytes/s: the memory clock (double data rate) times the bus width
+
+    @property
+    def fast_memory(self):
+        """Whether memory outruns the row-batch kernel past a few L2 sizes of logits: that kernel
+        keeps 48 KB per SM in flight, enough for the H100's 25 GB/s per SM, not for the H200's 36
+        ("The H200")."""
+        return self.bandwidth > _FAST_MEMORY_PER_SM * self.sms
+
+
+# Shared memory a CTA of each family holds, bytes: its largest array and at most 1 KB of small ones
+# (test_cuda_source holds these to what ptxas reports); rows in registers count segments_total's slab.
+_CTA_SHARED_BYTES = {
+    _ROWS: 16 * _SHORT_TAIL * _THREADS + 16 * _SEG_SLAB + 4 * _THREADS + 1024,
+    _TILES: _TILE_BYTES + 32 + 4 * _THREADS * _TILE_TARGETS + 1024,
+    _ROW_BATCHES: 1024,
+    _ONE_ROW: 1024,
+}
+
+
+def _more_registers(cc):
+    """Whether the code built for compute capability cc needs more than 85 registers a thread: sm_75's
+    (it emulates what it lacks) and Blackwell's spilled there ("Every GPU")."""
+    return cc < 80 or cc >= 100
+
+
+def _ctas_per_sm(family, gpu):
+    """CTAs of a family one SM holds at once: the launch bounds', or fewer where threads or shared
+    memory run out (tiles: one on sm_75, two on sm_86, sm_89 and sm_120)."""
+    bound = _CTAS_PER_SM_MORE_REGISTERS if _more_registers(gpu.cc) else _CTAS_PER_SM
+    return min(bound, gpu.threads_per_sm // _THREADS, gpu.smem_per_sm // (_CTA_SHARED_BYTES[family] + gpu.smem_reserved))
+
+
+def _max_grid(family, gpu):
+    """Every CTA of the family that fits on the GPU at once."""
+    return gpu.sms * _ctas_per_sm(family, gpu)
+
+
+def _one_row_threads(gpu):
+    return _ONE_ROW_THREADS if gpu.cc >= 80 else _ONE_ROW_THREADS_SM75
 
 
 class _Plan(NamedTuple):
@@ -1505,7 +1625,7 @@ def _family(rows, cols, row_stride, elem_bytes, gpu, offset):
     tiles        rows of at most an eighth of a tile, close together (_tile_fit) "Short rows"
     rows         the rest, in registers, split into segments where too few     "Long rows"
     """
-    if rows == 1 and cols // (16 // elem_bytes) <= _ONE_ROW_THREADS * _BATCH:
+    if rows == 1 and cols // (16 // elem_bytes) <= _one_row_threads(gpu) * _BATCH:
         return _ONE_ROW
     if _batch_rows(rows, cols, row_stride, elem_bytes, gpu, offset):
         return _ROW_BATCHES
@@ -1516,14 +1636,14 @@ def _family(rows, cols, row_stride, elem_bytes, gpu, offset):
 
 def _shape(family, rows, cols, row_stride, elem_bytes, gpu, offset, evict_first):
     """The family's launch shape, for the kind of load chosen (_evict_first)."""
-    max_grid = gpu.sms * _CTAS_PER_SM  # every CTA that fits on the GPU at once
     if family == _ONE_ROW:
         # One CTA of as many threads as hold a batch of the row each.
         threads = max(32, _pow2_at_least(-(-(cols // (16 // elem_bytes)) // _BATCH)))
         return _Plan(_ONE_ROW, evict_first, grid=1, group=threads, chunks=1)
     if family == _ROW_BATCHES:
         batch_rows = _batch_rows(rows, cols, row_stride, elem_bytes, gpu, offset)
-        return _Plan(_ROW_BATCHES, evict_first, max_grid, _THREADS, -(-rows // batch_rows), batch_rows=batch_rows)
+        return _Plan(_ROW_BATCHES, evict_first, _max_grid(_ROW_BATCHES, gpu), _THREADS, -(-rows // batch_rows),
+                     batch_rows=batch_rows)
     if family == _TILES:
         return _tile_shape(rows, cols, row_stride, elem_bytes, gpu, offset, evict_first)
     return _row_shape(rows, cols, elem_bytes, gpu, evict_first)
@@ -1544,7 +1664,7 @@ def _batch_rows(rows, cols, row_stride, elem_bytes, gpu, offset):
     batch_rows = _ROW_BATCH_VECS // (cols // per_vec)
     if batch_rows not in (1, 2) or batch_rows * (cols // per_vec) != _ROW_BATCH_VECS:
         return 0
-    if rows < batch_rows * _ROW_BATCH_MIN_CHUNKS * gpu.sms * _CTAS_PER_SM:
+    if rows < batch_rows * _ROW_BATCH_MIN_CHUNKS * _max_grid(_ROW_BATCHES, gpu):
         return 0
     if gpu.fast_memory and rows * cols * elem_bytes > _FAST_MEMORY_L2S * gpu.l2_bytes:
         return 0  # its 48 KB per SM in flight cannot keep up there ("The H200")
@@ -1581,13 +1701,13 @@ def _tile_rows(rows, fit, max_grid):
 
 
 def _tile_shape(rows, cols, row_stride, elem_bytes, gpu, offset, evict_first):
-    max_grid = gpu.sms * _CTAS_PER_SM
+    max_grid = _max_grid(_TILES, gpu)
     fit = _tile_fit(rows, cols, row_stride, elem_bytes)
     tile_rows = _tile_rows(rows, fit, max_grid)
     if evict_first and not gpu.fast_memory and cols * elem_bytes >= _EVICT_FIRST_TILE_MIN_ROW:
         # Evict-first tiles of rows this long stream faster with fewer CTAs per SM, unless that
         # turns one wave of tiles into a wave and a bit ("Short rows").
-        fewer = gpu.sms * _EVICT_FIRST_TILE_CTAS
+        fewer = gpu.sms * min(_EVICT_FIRST_TILE_CTAS, _ctas_per_sm(_TILES, gpu))
         fewer_rows = _tile_rows(rows, fit, fewer)
         if -(-rows // fewer_rows) <= fewer or -(-rows // tile_rows) > max_grid:
             max_grid, tile_rows = fewer, fewer_rows
@@ -1615,7 +1735,7 @@ def _sweeps(cols, row_stride, elem_bytes, group, offset):
 # ---------------------------------------------------------------------------------- rows in registers
 def _row_shape(rows, cols, elem_bytes, gpu, evict_first):
     per_vec = 16 // elem_bytes
-    max_grid = gpu.sms * _CTAS_PER_SM
+    max_grid = _max_grid(_ROWS, gpu)
     splits, seg_len = _segments(rows, cols, per_vec, max_grid)
     group = _THREADS if splits > 1 else _row_group(rows, seg_len, per_vec, gpu, evict_first)
     # Chunks of one round each, claimed as CTAs finish them, balance the end of the stream. Where
@@ -1703,23 +1823,32 @@ def _evict_first(family, logit_bytes, elem_bytes, gpu):
     return logit_bytes <= _EVICT_FIRST_L2S * gpu.l2_bytes or (family == _ROW_BATCHES and elem_bytes == 2)
 
 
-def _fast_memory(props):
-    """Whether the GPU's memory outruns the row-batch kernel past a few L2 sizes of logits: that
-    kernel keeps 48 KB per SM in flight, enough for the H100's 25 GB/s per SM, not for the H200's 36
-    ("The H200"). The peak is the memory clock (double data rate) times the bus width; where torch
-    does not report them, the H100's rules apply."""
-    peak = 2e3 * getattr(props, "memory_clock_rate", 0) * getattr(props, "memory_bus_width", 0) / 8
-    return peak > _FAST_MEMORY_PER_SM * props.multi_processor_count
+# What _gpu asks the driver, in this order: torch reports only some of these, and fewer in older
+# releases. (name, the CUDA runtime's attribute)
+_DEVICE_ATTRIBUTES = (
+    ("major", "cudaDevAttrComputeCapabilityMajor"),
+    ("minor", "cudaDevAttrComputeCapabilityMinor"),
+    ("sms", "cudaDevAttrMultiProcessorCount"),
+    ("l2_bytes", "cudaDevAttrL2CacheSize"),
+    ("threads_per_sm", "cudaDevAttrMaxThreadsPerMultiProcessor"),
+    ("smem_per_sm", "cudaDevAttrMaxSharedMemoryPerMultiprocessor"),
+    ("smem_reserved", "cudaDevAttrReservedSharedMemoryPerBlock"),
+    ("memory_khz", "cudaDevAttrMemoryClockRate"),
+    ("bus_bits", "cudaDevAttrGlobalMemoryBusWidth"),
+)
+
+
+def _gpu_from(attributes):
+    """The policy's _Gpu from the driver's attributes (a dict by _DEVICE_ATTRIBUTES' names)."""
+    a = attributes
+    return _Gpu(10 * a["major"] + a["minor"], a["sms"], a["l2_bytes"], a["threads_per_sm"], a["smem_per_sm"],
+                a["smem_reserved"], 2e3 * a["memory_khz"] * a["bus_bits"] / 8)
 
 
 @functools.lru_cache(maxsize=None)
-def _device_properties(device_index):
-    return torch.cuda.get_device_properties(device_index)
-
-
 def _gpu(device_index):
-    props = _device_properties(device_index)
-    return _Gpu(props.multi_processor_count, props.L2_cache_size, _fast_memory(props))
+    values = struct.unpack(f"={len(_DEVICE_ATTRIBUTES)}i", _ext.device_attributes(device_index))
+    return _gpu_from(dict(zip((name for name, _ in _DEVICE_ATTRIBUTES), values)))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -1772,8 +1901,10 @@ def _cuda_preamble():
     """The constants and the parameter block, as the CUDA source sees them."""
     constants = "\n".join(f"constexpr int {name} = {value};" for name, value in _KERNEL_CONSTANTS.items())
     fields = "\n".join(f"  {ctype} {name};" + (f"  // {doc}" if doc else "") for name, ctype, _, doc in _PARAMS)
-    return (f"// Generated by model_new.py from _KERNEL_CONSTANTS and _PARAMS.\n#include <cuda_runtime.h>\n\n"
-            f"{constants}\n\nstruct Params {{\n{fields}\n}};\n")
+    attributes = ", ".join(attribute for _, attribute in _DEVICE_ATTRIBUTES)
+    return (f"// Generated by model_new.py from _KERNEL_CONSTANTS, _PARAMS and _DEVICE_ATTRIBUTES.\n"
+            f"#include <cuda_runtime.h>\n\n{constants}\n\nstruct Params {{\n{fields}\n}};\n\n"
+            f"constexpr cudaDeviceAttr kDeviceAttributes[] = {{{attributes}}};\n")
 
 
 def _cuda_source():
@@ -1813,23 +1944,30 @@ def _build_options():
     return {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
 
 
-def _load_extension():
-    if not torch.cuda.is_available():
-        return None
-    major, minor = torch.cuda.get_device_capability()
-    if major < 8:
-        raise RuntimeError(f"the cross-entropy kernel needs compute capability 8.0 or newer; this GPU has {major}.{minor}")
-    arch = f"{major}{minor}"
+def _build(arch, ptx=False):
+    """The extension for compute capability `arch` ("90"): its machine code, or (ptx) only PTX, which
+    the driver compiles for the GPU at hand (how the tests run sm_75's code on a newer GPU)."""
+    code = f"compute_{arch}" if ptx else f"sm_{arch}"
     return load_inline(
-        name=f"kb95_cross_entropy_sm{arch}",
+        name=f"kb95_cross_entropy_{code}",
         cpp_sources=[_CPP_SRC],
         cuda_sources=[_cuda_source()],
         extra_cflags=["-O2"],
-        extra_cuda_cflags=_nvcc_flags([f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+        extra_cuda_cflags=_nvcc_flags([f"-gencode=arch=compute_{arch},code={code}"],
                                       os.path.join(CUDA_HOME, "bin", "ptxas") if CUDA_HOME else None),
         verbose=False,
         **_build_options(),
     )
+
+
+def _load_extension():
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) < (7, 5):
+        raise RuntimeError(f"the cross-entropy kernel needs a GPU of compute capability 7.5 (Turing: T4) or newer; "
+                           f"this one ({torch.cuda.get_device_name()}) has {major}.{minor}")
+    return _build(f"{major}{minor}")
 
 
 _ext = _load_extension()

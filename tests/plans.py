@@ -1,16 +1,34 @@
 """Launch plans for the CPU tests: the policy as the dispatch runs it, on GPUs' property tables."""
-import types
-
 import model_new
-from model_new import _Gpu
+from model_new import _gpu_from
 
-# As torch reports them: SMs, L2 bytes, memory clock in kHz, bus width in bits.
-H100_PROPS = dict(multi_processor_count=132, L2_cache_size=50 << 20, memory_clock_rate=2619000, memory_bus_width=5120)
-H200_PROPS = dict(multi_processor_count=132, L2_cache_size=60 << 20, memory_clock_rate=3201000, memory_bus_width=6016)
-A100_PROPS = dict(multi_processor_count=108, L2_cache_size=40 << 20, memory_clock_rate=1593000, memory_bus_width=5120)
-
-H100 = _Gpu(132, 50 << 20, False)
-H200 = _Gpu(132, 60 << 20, True)
+# The driver's figures (model_new._DEVICE_ATTRIBUTES) for every GPU a leaderboard offers, from the
+# vendors' datasheets and the CUDA programming guide's limits per compute capability. The memory
+# clock and bus width give the datasheet's bandwidth (twice the clock times the width).
+GPUS = {
+    "T4": dict(major=7, minor=5, sms=40, l2_bytes=4 << 20, threads_per_sm=1024, smem_per_sm=64 << 10,
+               smem_reserved=0, memory_khz=5001000, bus_bits=256),                   # 320 GB/s
+    "A10G": dict(major=8, minor=6, sms=80, l2_bytes=6 << 20, threads_per_sm=1536, smem_per_sm=100 << 10,
+                 smem_reserved=1024, memory_khz=6251000, bus_bits=384),              # 600 GB/s
+    "L4": dict(major=8, minor=9, sms=58, l2_bytes=48 << 20, threads_per_sm=1536, smem_per_sm=100 << 10,
+               smem_reserved=1024, memory_khz=6251000, bus_bits=192),                # 300 GB/s
+    "L40S": dict(major=8, minor=9, sms=142, l2_bytes=96 << 20, threads_per_sm=1536, smem_per_sm=100 << 10,
+                 smem_reserved=1024, memory_khz=9001000, bus_bits=384),              # 864 GB/s
+    "A100-40GB": dict(major=8, minor=0, sms=108, l2_bytes=40 << 20, threads_per_sm=2048, smem_per_sm=164 << 10,
+                      smem_reserved=1024, memory_khz=1215000, bus_bits=5120),        # 1.56 TB/s
+    "A100-80GB": dict(major=8, minor=0, sms=108, l2_bytes=40 << 20, threads_per_sm=2048, smem_per_sm=164 << 10,
+                      smem_reserved=1024, memory_khz=1593000, bus_bits=5120),        # 2.04 TB/s
+    "H100": dict(major=9, minor=0, sms=132, l2_bytes=50 << 20, threads_per_sm=2048, smem_per_sm=228 << 10,
+                 smem_reserved=1024, memory_khz=2619000, bus_bits=5120),             # 3.35 TB/s
+    "H200": dict(major=9, minor=0, sms=132, l2_bytes=60 << 20, threads_per_sm=2048, smem_per_sm=228 << 10,
+                 smem_reserved=1024, memory_khz=3201000, bus_bits=6016),             # 4.8 TB/s
+    "B200": dict(major=10, minor=0, sms=148, l2_bytes=126 << 20, threads_per_sm=2048, smem_per_sm=228 << 10,
+                 smem_reserved=1024, memory_khz=3906000, bus_bits=8192),             # 8 TB/s
+    "RTX 5090": dict(major=12, minor=0, sms=170, l2_bytes=96 << 20, threads_per_sm=1536, smem_per_sm=100 << 10,
+                     smem_reserved=1024, memory_khz=14001000, bus_bits=512),         # 1.79 TB/s
+}
+GPU_PLANS = {name: _gpu_from(table) for name, table in GPUS.items()}  # what the policy reads off each
+H100, H200 = GPU_PLANS["H100"], GPU_PLANS["H200"]
 
 # Shapes for the policy's invariants: every family, empty and lone rows, widths off every vector
 # grid, split rows, more than 2^31 elements.
@@ -19,11 +37,10 @@ SHAPES = [(0, 7), (1, 1), (1, 4096), (3, 5), (4096, 129), (32768, 4096), (4096, 
 
 
 def gpu(sms=132, l2_bytes=50 << 20, fast_memory=False):
-    return _Gpu(sms, l2_bytes, fast_memory)
-
-
-def props(**table):
-    return types.SimpleNamespace(**table)
+    """The H100 with other SMs, L2 or memory: fast memory at twice the rate per SM that makes it fast,
+    slow at half of it."""
+    return H100._replace(sms=sms, l2_bytes=l2_bytes,
+                         bandwidth=(2 if fast_memory else 0.5) * model_new._FAST_MEMORY_PER_SM * sms)
 
 
 def plan(rows, cols, elem_bytes, evict_first=None, stride=None, offset=0, on=H100):
@@ -36,9 +53,9 @@ def plan(rows, cols, elem_bytes, evict_first=None, stride=None, offset=0, on=H10
     return model_new._shape(family, rows, cols, stride, elem_bytes, on, offset, evict_first)
 
 
-def plan_on(monkeypatch, table, rows, cols, elem_bytes, offset=0):
-    """_plan_on for a GPU with these properties (torch's names), as the dispatch calls it."""
-    monkeypatch.setattr(model_new, "_device_properties", lambda _: props(**table))
+def plan_on(monkeypatch, name, rows, cols, elem_bytes, offset=0):
+    """_plan_on on the GPU `name` of GPUS, as the dispatch calls it."""
+    monkeypatch.setattr(model_new, "_gpu", lambda _: GPU_PLANS[name])
     model_new._plan_on.cache_clear()
     p = model_new._plan_on(0, rows, cols, cols, elem_bytes, offset)
     model_new._plan_on.cache_clear()

@@ -71,19 +71,17 @@ def test_every_instance_under_both_kinds_of_load(model, policy, case, dtype, tdt
 
 
 def test_the_memory_regime_of_a_known_gpu():
-    """The H100 keeps the rules it was measured with; the H200's memory is fast (_fast_memory). Both
-    need torch to report the memory clock and bus width: without them every GPU gets the H100's."""
-    gpu = model_new._device_properties(0)
+    """The H100 keeps the rules it was measured with; the H200's memory is fast (_Gpu.fast_memory)."""
     name = torch.cuda.get_device_name(0)
-    if not hasattr(gpu, "memory_clock_rate") or not any(k in name for k in ("H100", "H200")):
-        pytest.skip(f"{name}: not a GPU this policy was measured on, or torch {torch.__version__} does not report its memory")
-    assert model_new._fast_memory(gpu) == ("H200" in name), (name, gpu.memory_clock_rate, gpu.memory_bus_width)
+    if not any(k in name for k in ("H100", "H200")):
+        pytest.skip(f"{name}: not a GPU this policy was measured on")
+    assert model_new._gpu(0).fast_memory == ("H200" in name), (name, model_new._gpu(0))
 
 
 def test_load_kind_follows_the_logits_size(model):
-    gpu = model_new._device_properties(0)
-    l2 = gpu.L2_cache_size
-    if model_new._fast_memory(gpu):
+    gpu = model_new._gpu(0)
+    l2 = gpu.l2_bytes
+    if gpu.fast_memory:
         # Memory faster than the row-batch kernel's bytes in flight (the H200): row batches up to
         # _FAST_MEMORY_L2S L2 sizes of logits, rows in registers past them; fp32 evict-first up to
         # that size too, 16-bit up to _EVICT_FIRST_L2S.
@@ -162,9 +160,8 @@ def test_ignore_index(model, path, dtype):
 def test_ignore_index_where_the_grid_is_one_cta(model, policy, rows, cols):
     """One row has its own kernel; no rows, or two rows planned for a GPU of one SM, give the general
     kernel a grid of one CTA. Every row ignored: NaN (0 / 0), as PyTorch gives."""
-    import types
-    gpu = model_new._device_properties(torch.cuda.current_device())
-    policy("_device_properties", lambda _: types.SimpleNamespace(multi_processor_count=1, L2_cache_size=gpu.L2_cache_size))
+    one_sm = model_new._gpu(torch.cuda.current_device())._replace(sms=1)
+    policy("_gpu", lambda _: one_sm)
     x, t = logits(rows, cols, torch.float32), targets(rows, cols)
     p = plan_for(x)
     assert p.grid == 1 and (p.family == model_new._ONE_ROW) == (rows == 1)

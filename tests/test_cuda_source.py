@@ -1,5 +1,6 @@
-"""The embedded CUDA source compiles for sm_80 and sm_90 into the instances the launch can pick,
-with no register spills (CPU-only: nvcc)."""
+"""The embedded CUDA source compiles, for every architecture a leaderboard's GPUs have (sm_75 to
+sm_120), into the instances the launch can pick, with no register spills and no more shared memory
+than the policy counts (CPU-only: nvcc)."""
 import os
 import re
 import shutil
@@ -8,6 +9,7 @@ import subprocess
 import pytest
 
 import model_new
+from plans import GPUS
 
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 PTXAS = os.path.join(os.path.dirname(os.path.realpath(NVCC)), "ptxas") if NVCC else None
@@ -16,10 +18,19 @@ PTXAS = os.path.join(os.path.dirname(os.path.realpath(NVCC)), "ptxas") if NVCC e
 # evict-first without the 256-byte lead); for tiles, 2 target types x 3 sweeps x 2 kinds of load;
 # for row batches, 1 or 2 rows x 2 kinds of load; one row, the dtype alone.
 INSTANCES = {"rows": 3 * 2 * 3, "tiles": 3 * 2 * 3 * 2, "row_batches": 3 * 2 * 2, "one_row": 3}
+FAMILY_CODES = {"rows": model_new._ROWS, "tiles": model_new._TILES, "row_batches": model_new._ROW_BATCHES,
+                "one_row": model_new._ONE_ROW}
+# Shared memory a family's launch adds to its arrays: rows in registers, segments_total's slab.
+DYNAMIC_SHARED = {"rows": 16 * model_new._SEG_SLAB + 4 * model_new._THREADS}
+ARCHS = sorted({f"{t['major']}{t['minor']}" for t in GPUS.values()}, key=int)
+
+
+def test_every_listed_gpu_has_its_architecture_compiled():
+    assert ARCHS == ["75", "80", "86", "89", "90", "100", "120"]
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-@pytest.mark.parametrize("arch", ["80", "90"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_compiles_without_spills(arch, tmp_path):
     src = tmp_path / "cross_entropy.cu"
     src.write_text(model_new._cuda_source())
@@ -37,12 +48,18 @@ def test_compiles_without_spills(arch, tmp_path):
     assert len(spills) == len(kernels), report
     assert all(s == ("0", "0", "0") for s in spills), report
     # The launch bounds leave 65536 / (threads per SM) registers, in steps of 8.
-    budget = 65536 // (model_new._THREADS * model_new._CTAS_PER_SM) // 8 * 8
-    one_row_budget = 65536 // model_new._ONE_ROW_THREADS // 8 * 8
-    regs = [int(r) for r in re.findall(r"Used (\d+) registers", report)]
-    assert len(regs) == len(kernels), report
-    for kernel, used in zip(kernels, regs):
-        assert used <= (one_row_budget if "one_row" in kernel else budget), (kernel, used)
+    ctas = model_new._CTAS_PER_SM_MORE_REGISTERS if model_new._more_registers(int(arch)) else model_new._CTAS_PER_SM
+    one_row_threads = model_new._ONE_ROW_THREADS_SM75 if int(arch) < 80 else model_new._ONE_ROW_THREADS
+    budget = {f: 65536 // (model_new._THREADS * ctas) // 8 * 8 for f in INSTANCES}
+    budget["one_row"] = 65536 // one_row_threads // 8 * 8
+    usage = re.findall(r"Used (\d+) registers, (?:used \d+ barriers, )?(\d+) bytes smem", report)
+    assert len(usage) == len(kernels), report
+    for kernel, family, (registers, smem) in zip(kernels, families, usage):
+        assert int(registers) <= budget[family], (kernel, registers)
+        # The policy's count of a CTA's shared memory (_CTA_SHARED_BYTES) holds it, with at most 1 KB
+        # to spare: CTAs per SM follow from it.
+        counted = model_new._CTA_SHARED_BYTES[FAMILY_CODES[family]] - DYNAMIC_SHARED.get(family, 0)
+        assert counted - 1024 <= int(smem) <= counted, (kernel, smem, counted)
 
 
 def _fake_ptxas(path, usage):

@@ -5,7 +5,7 @@ import pytest
 
 import model_new
 from cases import PATHS
-from plans import A100_PROPS, H100, H100_PROPS, H200_PROPS, SHAPES, gpu, plan, plan_on, props
+from plans import GPU_PLANS, GPUS, H100, SHAPES, gpu, plan, plan_on
 
 FAMILIES = {model_new._ROWS: "rows", model_new._TILES: "tiles", model_new._ROW_BATCHES: "row batches",
             model_new._ONE_ROW: "one row"}
@@ -18,7 +18,7 @@ FAMILIES = {model_new._ROWS: "rows", model_new._TILES: "tiles", model_new._ROW_B
 def test_every_plan_is_legal(rows, cols, elem_bytes, sms, evict_first):
     p = plan(rows, cols, elem_bytes, evict_first, on=gpu(sms))
     assert p.family in FAMILIES and p.evict_first == evict_first
-    assert 1 <= p.grid <= max(1, sms * model_new._CTAS_PER_SM)
+    assert 1 <= p.grid <= max(1, model_new._max_grid(p.family, gpu(sms)))
     threads = model_new._ONE_ROW_THREADS if p.family == model_new._ONE_ROW else model_new._THREADS
     assert p.group & (p.group - 1) == 0 and 1 <= p.group <= threads
     # the chunks cover every item (a row, or a segment of one) once
@@ -104,44 +104,42 @@ def test_evict_first_loads_for_reads_of_a_few_l2_sizes_and_16_bit_row_batches():
 
 
 def test_fast_memory_is_bandwidth_per_sm():
-    assert not model_new._fast_memory(props(**H100_PROPS))  # 3.35 TB/s: 25 GB/s per SM
-    assert model_new._fast_memory(props(**H200_PROPS))      # 4.8 TB/s: 36 GB/s per SM
-    assert not model_new._fast_memory(props(**A100_PROPS))  # 2.0 TB/s over 108 SMs
-    assert model_new._fast_memory(props(**dict(H200_PROPS, multi_processor_count=66)))
-    # A torch that does not report the memory: the rules the H100 was measured with.
-    assert not model_new._fast_memory(props(multi_processor_count=132, L2_cache_size=60 << 20))
+    """Above 30 GB/s per SM: the H200 (36) and the B200 (54); not the H100 (25) nor the rest."""
+    assert {name for name, g in GPU_PLANS.items() if g.fast_memory} == {"H200", "B200"}
+    assert gpu(66, fast_memory=True).fast_memory and not gpu(66).fast_memory
+    assert abs(GPU_PLANS["H100"].bandwidth - 3.35e12) < 0.01e12 and abs(GPU_PLANS["L40S"].bandwidth - 864e9) < 1e9
 
 
 def test_fast_memory_takes_row_batches_up_to_a_few_l2_sizes(monkeypatch):
-    limit = model_new._FAST_MEMORY_L2S * H200_PROPS["L2_cache_size"]
+    limit = model_new._FAST_MEMORY_L2S * GPUS["H200"]["l2_bytes"]
     for cols, elem_bytes in ((4096, 4), (4096, 2), (2048, 4), (8192, 2)):
         rows = limit // (cols * elem_bytes)
-        p = plan_on(monkeypatch, H200_PROPS, rows, cols, elem_bytes)
+        p = plan_on(monkeypatch, "H200", rows, cols, elem_bytes)
         assert p.family == model_new._ROW_BATCHES and p.evict_first, (cols, elem_bytes)
-        p = plan_on(monkeypatch, H200_PROPS, rows + 1, cols, elem_bytes)  # past it: rows in registers
+        p = plan_on(monkeypatch, "H200", rows + 1, cols, elem_bytes)  # past it: rows in registers
         assert p.family == model_new._ROWS and p.evict_first == (elem_bytes == 2), (cols, elem_bytes)
         # The H100 takes both in row batches, and reads 16-bit rows evict-first at any size.
-        p = plan_on(monkeypatch, H100_PROPS, rows + 1, cols, elem_bytes)
+        p = plan_on(monkeypatch, "H100", rows + 1, cols, elem_bytes)
         assert p.family == model_new._ROW_BATCHES and p.evict_first
-    p = plan_on(monkeypatch, H200_PROPS, 32768, 4096, 4)  # 512 MiB
+    p = plan_on(monkeypatch, "H200", 32768, 4096, 4)  # 512 MiB
     assert p.family == model_new._ROWS and not p.evict_first
 
 
 def test_fast_memory_reads_evict_first_up_to_6_l2_sizes_but_fp32_rows_outside_tiles_up_to_3(monkeypatch):
-    six, three = (n * H200_PROPS["L2_cache_size"] for n in (model_new._EVICT_FIRST_L2S, model_new._FAST_MEMORY_L2S))
+    six, three = (n * GPUS["H200"]["l2_bytes"] for n in (model_new._EVICT_FIRST_L2S, model_new._FAST_MEMORY_L2S))
     for cols, elem_bytes, limit, tiles in [(32000, 2, six, False), (32000, 4, three, False),
                                            (4104, 4, three, False), (1000, 2, six, True), (1000, 4, six, True)]:
         rows = limit // (cols * elem_bytes)
-        p = plan_on(monkeypatch, H200_PROPS, rows, cols, elem_bytes)
+        p = plan_on(monkeypatch, "H200", rows, cols, elem_bytes)
         assert p.evict_first and (p.family == model_new._TILES) == tiles, (cols, elem_bytes)
-        assert not plan_on(monkeypatch, H200_PROPS, rows + 1, cols, elem_bytes).evict_first, (cols, elem_bytes)
+        assert not plan_on(monkeypatch, "H200", rows + 1, cols, elem_bytes).evict_first, (cols, elem_bytes)
 
 
 def test_plan_on_reads_the_device_and_caches(monkeypatch):
-    p = plan_on(monkeypatch, H100_PROPS, 32768, 4096, 4)
+    p = plan_on(monkeypatch, "H100", 32768, 4096, 4)
     assert p == plan(32768, 4096, 4) and p.grid == 132 * model_new._CTAS_PER_SM
     calls = []
-    monkeypatch.setattr(model_new, "_device_properties", lambda i: calls.append(i) or props(**H100_PROPS))
+    monkeypatch.setattr(model_new, "_gpu", lambda i: calls.append(i) or H100)
     model_new._plan_on.cache_clear()
     for _ in range(3):
         model_new._plan_on(0, 100, 1000, 1000, 4, 0)

@@ -261,10 +261,8 @@ def test_segments_merged_a_slab_at_a_time(model, policy, rows, cols):
     """On a GPU of many SMs rows split further than on this one: more segment partials than the last
     CTA stages at once (100 rows in 30 segments each, 6 slabs), or a row in the most segments (512,
     16 per lane). Planned here for 1000 SMs and launched on this GPU, whose CTAs claim the chunks."""
-    import types
-    gpu_props = model_new._device_properties(torch.cuda.current_device())
-    many = types.SimpleNamespace(multi_processor_count=1000, L2_cache_size=gpu_props.L2_cache_size)
-    policy("_device_properties", lambda _: many)
+    many = model_new._gpu(torch.cuda.current_device())._replace(sms=1000)
+    policy("_gpu", lambda _: many)
     x, t = logits(rows, cols, torch.float32), targets(rows, cols)
     if rows > 1:
         t[rows // 3] = -100

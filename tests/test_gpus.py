@@ -1,0 +1,130 @@
+"""Every GPU a leaderboard offers (plans.GPUS: T4 to B200). On the CPU, the plans each one's
+figures give are legal and sensible. On the GPU at hand, the driver's figures are what the policy
+reads; each listed GPU's plans, forced here, give correct results; and the code sm_75 gets, built
+as compute_75 PTX that the driver compiles for this GPU, runs correctly under sm_75's plans."""
+import pytest
+import torch
+
+import model_new
+from cases import DTYPES, PATHS, SHAPES as GPU_SHAPES, logits, targets, views
+from conftest import requires_cuda
+from gpu_checks import assert_matches
+from plans import GPU_PLANS, GPUS, SHAPES, plan
+
+FAMILIES = (model_new._ROWS, model_new._TILES, model_new._ROW_BATCHES, model_new._ONE_ROW)
+LARGE = 64 << 20  # logits of this many bytes or more keep every SM busy
+
+
+# ------------------------------------------------------------------ the policy (CPU)
+@pytest.mark.parametrize("name", GPUS)
+def test_every_family_fits_every_gpu(name):
+    g = GPU_PLANS[name]
+    bound = model_new._CTAS_PER_SM_MORE_REGISTERS if model_new._more_registers(g.cc) else model_new._CTAS_PER_SM
+    for family in FAMILIES:
+        ctas = model_new._ctas_per_sm(family, g)
+        assert 1 <= ctas <= bound, (family, ctas)
+        assert ctas * model_new._THREADS <= g.threads_per_sm
+        assert ctas * (model_new._CTA_SHARED_BYTES[family] + g.smem_reserved) <= g.smem_per_sm
+    # one CTA of the one-row kernel, at its most threads, fits one SM
+    assert model_new._one_row_threads(g) <= min(1024, g.threads_per_sm)
+
+
+@pytest.mark.parametrize("name", GPUS)
+@pytest.mark.parametrize("elem_bytes", [4, 2])
+def test_every_gpus_plans_are_legal_and_sensible(name, elem_bytes):
+    g = GPU_PLANS[name]
+    for rows, cols in SHAPES + [(262144, 250), (8192, 16001), (2000000, 24)]:
+        p = plan(rows, cols, elem_bytes, on=g)
+        where = (name, rows, cols, elem_bytes, p)
+        assert 1 <= p.grid <= model_new._max_grid(p.family, g) and p.grid < 2**31, where
+        if p.family == model_new._ONE_ROW:
+            assert 32 <= p.group <= model_new._one_row_threads(g), where
+        else:
+            assert p.chunks >= p.grid or p.chunks == 0, where
+        if p.splits > 1:  # a partial per segment, all in the workspace
+            assert model_new._workspace_layout(p, rows)[2] >= 16 * rows * p.splits + 96, where
+        if rows * cols * elem_bytes >= LARGE:
+            assert p.grid >= g.sms, where
+
+
+def test_the_rules_each_gpu_gets():
+    """Where the GPUs differ: CTAs per SM (registers before sm_80 and on Blackwell, shared memory for
+    tiles), the one-row kernel's size on sm_75, and fast memory (_Gpu.fast_memory)."""
+    ctas = {name: tuple(model_new._ctas_per_sm(f, g) for f in FAMILIES) for name, g in GPU_PLANS.items()}
+    #          rows, tiles, row batches, one row
+    assert ctas["T4"] == (2, 1, 2, 2)
+    assert ctas["A10G"] == ctas["L4"] == ctas["L40S"] == (3, 2, 3, 3)
+    assert ctas["A100-80GB"] == ctas["H100"] == ctas["H200"] == (3, 3, 3, 3)
+    assert ctas["B200"] == (2, 2, 2, 2) and ctas["RTX 5090"] == (2, 2, 2, 2)
+    assert plan(1, 32768, 4, on=GPU_PLANS["H100"]).family == model_new._ONE_ROW
+    assert plan(1, 32768, 4, on=GPU_PLANS["T4"]).family == model_new._ROWS  # past 512 threads' batch
+    assert plan(1, 16384, 4, on=GPU_PLANS["T4"]).family == model_new._ONE_ROW
+
+
+def test_device_attributes_are_declared_once():
+    """The CUDA source asks the driver for exactly _DEVICE_ATTRIBUTES, in their order."""
+    src = model_new._cuda_source()
+    names = ", ".join(attribute for _, attribute in model_new._DEVICE_ATTRIBUTES)
+    assert f"constexpr cudaDeviceAttr kDeviceAttributes[] = {{{names}}};" in src
+    assert set(GPUS["H100"]) == {name for name, _ in model_new._DEVICE_ATTRIBUTES}
+
+
+def test_a_gpu_older_than_sm75_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100-SXM2-16GB")
+    monkeypatch.setattr(model_new, "_build", lambda *a, **k: pytest.fail("built for an unsupported GPU"))
+    with pytest.raises(RuntimeError, match=r"compute capability 7\.5 \(Turing: T4\) or newer; "
+                                           r"this one \(Tesla V100-SXM2-16GB\) has 7\.0"):
+        model_new._load_extension()
+
+
+# ------------------------------------------------------------------ on the GPU
+@requires_cuda
+def test_the_drivers_figures_are_this_gpus():
+    index = torch.cuda.current_device()
+    g, props = model_new._gpu(index), torch.cuda.get_device_properties(index)
+    assert g.cc == 10 * props.major + props.minor and g.sms == props.multi_processor_count
+    assert g.threads_per_sm == props.max_threads_per_multi_processor and g.l2_bytes == props.L2_cache_size
+    if hasattr(props, "memory_clock_rate"):
+        assert g.bandwidth == 2e3 * props.memory_clock_rate * props.memory_bus_width / 8
+    name = torch.cuda.get_device_name(index)
+    key = "H200" if "H200" in name else "H100" if "H100 80GB HBM3" in name else None
+    if key is None:
+        pytest.skip(f"{name}: plans.GPUS has no table of this exact GPU to check")
+    assert g == GPU_PLANS[key], (name, g)
+
+
+def _check_shapes(model):
+    for dtype in DTYPES.values():
+        for rows, cols in GPU_SHAPES + list(PATHS.values()):
+            x, t = logits(rows, cols, dtype), targets(rows, cols)
+            assert_matches(model(x, t), x, t)
+        for view_name, x in views(64, 1003, dtype):
+            t = targets(x.shape[0], x.shape[1])
+            assert_matches(model(x, t), x, t)
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", GPUS)
+def test_each_gpus_plans_run_correctly_here(model, policy, name):
+    """Another GPU's grids, CTAs per SM, one-row sizes and load kinds, launched on this one."""
+    policy("_gpu", lambda _: GPU_PLANS[name])
+    _check_shapes(model)
+
+
+@pytest.fixture(scope="module")
+def sm75_code():
+    return model_new._build("75", ptx=True)
+
+
+@requires_cuda
+@pytest.mark.parametrize("planned_for", ["this GPU as sm_75", "T4"])
+def test_the_code_sm75_gets_runs_correctly_through_ptx(model, policy, monkeypatch, sm75_code, planned_for):
+    """sm_75's code (no cp.async, bf16 through float conversion, the packed max emulated), compiled
+    by the driver for this GPU, under the plans sm_75 gets."""
+    g = model_new._gpu(torch.cuda.current_device())._replace(cc=75) if planned_for != "T4" else GPU_PLANS["T4"]
+    monkeypatch.setattr(model_new, "_ext", sm75_code)
+    policy("_gpu", lambda _: g)
+    _check_shapes(model)
+
