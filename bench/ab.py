@@ -2,8 +2,9 @@
 """Two versions of model_new.py side by side in one process: the same bits, and the same speed?
 
     git show HEAD~1:model_new.py > /tmp/base.py
-    python bench/ab.py /tmp/base.py [--candidate model_new.py] [--no-bitwise] [--no-timing]
-                       [--shapes 32768x4096,...] [--dtypes float32,bfloat16] [--passes 3] [--json OUT]
+    python bench/ab.py /tmp/base.py [--candidate model_new.py] [--candidate-sm75] [--no-bitwise]
+                       [--no-timing] [--shapes 32768x4096,...] [--dtypes float32,bfloat16] [--passes 3]
+                       [--json OUT]
 
 Bitwise: both versions take the GPU suite's inputs (tests/cases.py: every shape, dtype, target
 type and view, each under the policy's load kind and under both kinds forced) and must return the
@@ -14,6 +15,8 @@ baseline, the candidate and a plain streaming read of the same logits interleave
 candidate whose median is slower by more than 1%, or by 0.5 us where the baseline takes under
 50 us, is flagged (the median, since a host delay in one trial moves the mean by microseconds).
 Host: the dispatch's host time per call, on a problem whose kernel is shorter than it.
+--candidate-sm75 runs the candidate as a T4-class GPU gets it, on this GPU: its code built as
+compute_75 PTX (the driver compiles it for this GPU) and planned with sm_75's rules.
 """
 import argparse
 import functools
@@ -58,6 +61,15 @@ def load_version(path, tag):
     finally:  # a version that fails to build leaves load_inline as it was
         cpp_extension.load_inline = original
     module.policy_evict_first = module._evict_first
+    return module
+
+
+def as_sm75(module):
+    """module running the code and the plans a compute capability 7.5 GPU gets, on this GPU."""
+    module._ext = module._build("75", ptx=True)
+    gpu = module._gpu(torch.cuda.current_device())._replace(cc=75)
+    module._gpu = lambda _: gpu
+    module._plan_on.cache_clear()
     return module
 
 
@@ -176,6 +188,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("baseline", help="path to the baseline model_new.py")
     ap.add_argument("--candidate", default=os.path.join(ROOT, "model_new.py"))
+    ap.add_argument("--candidate-sm75", action="store_true", help="the candidate as sm_75 gets it (as_sm75)")
     ap.add_argument("--no-bitwise", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--build-times", action="store_true", help="time cold imports of both first (6 builds)")
@@ -193,6 +206,8 @@ def main(argv=None):
         report["build_times"] = build_times({"baseline": args.baseline, "candidate": args.candidate}, folder)
         os.environ["TORCH_EXTENSIONS_DIR"] = folder
     base, cand = load_version(args.baseline, "baseline"), load_version(args.candidate, "candidate")
+    if args.candidate_sm75:
+        cand = as_sm75(cand)
     failed = False
     if not args.no_bitwise:
         cases, mismatches = bitwise(base, cand)
