@@ -50,7 +50,7 @@ _CUDA_SRC = r"""
 //   tiles              short rows, whole tiles of them loaded by the CTA into shared memory;
 //   row batches        one or two rows that fill a CTA's batch of loads exactly, the next batch
 //                      in flight while this one is reduced;
-//   one row            a lone row of up to 128 KB, one CTA holding all of it.
+//   one row            a lone row of up to 128 KB (64 KB on sm_75), one CTA holding all of it.
 // The first three share the rest: CTAs take chunks of work (rows, a tile, a batch), first two
 // each by their index, then claimed from a counter, so that SMs that stream faster take more and
 // the grid still sweeps the tensor front to back (ChunkClaims). Each chunk's losses are summed in a
@@ -1347,7 +1347,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_row_bat
 }
 
 // ================================================================== family: one row
-// A lone row (logits of shape (C,), or N = 1) of up to 128 KB is latency, not bandwidth: one CTA
+// A lone row (logits of shape (C,), or N = 1) of up to 128 KB (sm_75: 64) is latency, not bandwidth: one CTA
 // holds all of it in registers, one batch per thread, so the row costs one round trip, a few
 // hundred instructions and one barrier; the target's load and the row's go out together and
 // nothing stands before them, and the mean of one row is its loss, so there is no sum to keep
@@ -1524,7 +1524,7 @@ _EVICT_FIRST_TILE_CTAS = 2        # CTAs per SM for evict-first tiles of rows of
 _EVICT_FIRST_TILE_MIN_ROW = 512   # ... at least this many bytes ("Short rows")
 _ROW_BATCH_VECS = _THREADS * _ROW_BATCH_LOADS  # the row-batch kernel's CTA batch, in 16-byte vectors ...
 _ROW_BATCH_MIN_CHUNKS = 4         # ... taken where every CTA gets at least this many batches
-_FAST_MEMORY_PER_SM = 30e9        # DRAM bytes/s per SM above which memory is fast ("The H200") ...
+_FAST_MEMORY_PER_SM = 30e9        # DRAM bytes/s per SM above which memory is fast, at 3 CTAs ("The H200") ...
 _FAST_MEMORY_L2S = 3              # ... and row batches and fp32 evict-first rows stop at this many L2 sizes
 _IGNORE_INDEX = -100
 
@@ -1557,9 +1557,10 @@ class _Gpu(NamedTuple):
     @property
     def fast_memory(self):
         """Whether memory outruns the row-batch kernel past a few L2 sizes of logits: that kernel
-        keeps 48 KB per SM in flight, enough for the H100's 25 GB/s per SM, not for the H200's 36
-        ("The H200")."""
-        return self.bandwidth > _FAST_MEMORY_PER_SM * self.sms
+        keeps 16 KB per CTA in flight, at 3 CTAs per SM enough for the H100's 25 GB/s per SM, not for
+        the H200's 36 ("The H200"); the threshold scales with the CTAs an SM holds."""
+        ctas = _ctas_per_sm(_ROW_BATCHES, self)
+        return self.bandwidth > _FAST_MEMORY_PER_SM * ctas / _CTAS_PER_SM * self.sms
 
 
 # Shared memory a CTA of each family holds, bytes: its largest array and at most 1 KB of small ones
@@ -1620,7 +1621,7 @@ def _plan(rows, cols, row_stride, elem_bytes, gpu, offset=0):
 def _family(rows, cols, row_stride, elem_bytes, gpu, offset):
     """The kernel family: the first of these that takes the problem.
 
-    one row      a lone row of up to 128 KB                                   "One row"
+    one row      a lone row of up to 128 KB (sm_75: 64)                       "One row"
     row batches  1 or 2 rows fill the row-batch kernel's CTA batch (_batch_rows) "Rows that fill a CTA batch"
     tiles        rows of at most an eighth of a tile, close together (_tile_fit) "Short rows"
     rows         the rest, in registers, split into segments where too few     "Long rows"
@@ -1642,7 +1643,7 @@ def _shape(family, rows, cols, row_stride, elem_bytes, gpu, offset, evict_first)
         return _Plan(_ONE_ROW, evict_first, grid=1, group=threads, chunks=1)
     if family == _ROW_BATCHES:
         batch_rows = _batch_rows(rows, cols, row_stride, elem_bytes, gpu, offset)
-        return _Plan(_ROW_BATCHES, evict_first, _max_grid(_ROW_BATCHES, gpu), _THREADS, -(-rows // batch_rows),
+        return _Plan(_ROW_BATCHES, evict_first, max(1, _max_grid(_ROW_BATCHES, gpu)), _THREADS, -(-rows // batch_rows),
                      batch_rows=batch_rows)
     if family == _TILES:
         return _tile_shape(rows, cols, row_stride, elem_bytes, gpu, offset, evict_first)
@@ -1944,30 +1945,35 @@ def _build_options():
     return {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
 
 
-def _build(arch, ptx=False):
-    """The extension for compute capability `arch` ("90"): its machine code, or (ptx) only PTX, which
-    the driver compiles for the GPU at hand (how the tests run sm_75's code on a newer GPU)."""
-    code = f"compute_{arch}" if ptx else f"sm_{arch}"
+def _build(archs, ptx=False):
+    """The extension for the compute capabilities `archs` (["90"]): machine code for each, or (ptx)
+    only PTX, which the driver compiles for the GPU at hand (how the tests run sm_75's code on a newer
+    GPU)."""
+    codes = [f"compute_{arch}" if ptx else f"sm_{arch}" for arch in archs]
     return load_inline(
-        name=f"kb95_cross_entropy_{code}",
+        name="kb95_cross_entropy_" + "_".join(codes),
         cpp_sources=[_CPP_SRC],
         cuda_sources=[_cuda_source()],
         extra_cflags=["-O2"],
-        extra_cuda_cflags=_nvcc_flags([f"-gencode=arch=compute_{arch},code={code}"],
-                                      os.path.join(CUDA_HOME, "bin", "ptxas") if CUDA_HOME else None),
+        extra_cuda_cflags=_nvcc_flags(
+            [f"-gencode=arch=compute_{arch},code={code}" for arch, code in zip(archs, codes)],
+            os.path.join(CUDA_HOME, "bin", "ptxas") if CUDA_HOME else None),
         verbose=False,
         **_build_options(),
     )
 
 
 def _load_extension():
+    """Built for the current GPU, and for every other visible one of a different supported
+    architecture (a host may mix them)."""
     if not torch.cuda.is_available():
         return None
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) < (7, 5):
         raise RuntimeError(f"the cross-entropy kernel needs a GPU of compute capability 7.5 (Turing: T4) or newer; "
                            f"this one ({torch.cuda.get_device_name()}) has {major}.{minor}")
-    return _build(f"{major}{minor}")
+    visible = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())} | {(major, minor)}
+    return _build([f"{a}{b}" for a, b in sorted(visible) if (a, b) >= (7, 5)])
 
 
 _ext = _load_extension()

@@ -66,7 +66,7 @@ def load_version(path, tag):
 
 def as_sm75(module):
     """module running the code and the plans a compute capability 7.5 GPU gets, on this GPU."""
-    module._ext = module._build("75", ptx=True)
+    module._ext = module._build(["75"], ptx=True)
     gpu = module._gpu(torch.cuda.current_device())._replace(cc=75)
     module._gpu = lambda _: gpu
     module._plan_on.cache_clear()

@@ -27,7 +27,7 @@ TORCH_2_4 = {"torch.Tensor", "torch.float32", "torch.bfloat16", "torch.float16",
              "torch.manual_seed", "torch.no_grad", "torch.compile", "torch.nn", "torch.nn.Module",
              "torch.nn.functional.cross_entropy", "torch.version.cuda", "torch.__version__",
              "torch.utils.cpp_extension", "torch.cuda.is_available", "torch.cuda.get_device_capability",
-             "torch.cuda.get_device_name", "torch.cuda.get_device_properties", "torch.cuda.current_device",
+             "torch.cuda.get_device_name", "torch.cuda.get_device_properties", "torch.cuda.current_device", "torch.cuda.device_count",
              "torch.cuda.current_stream", "torch.cuda.is_current_stream_capturing", "torch.cuda.Event",
              "torch.cuda.device", "torch.cuda.empty_cache", "torch.cuda.manual_seed", "torch.cuda.synchronize",
              "torch._C"}

@@ -36,8 +36,8 @@ def test_compiles_without_spills(arch, tmp_path):
     src.write_text(model_new._cuda_source())
     # The flags the import builds with, this toolkit's parallel ptxas included where it has it.
     flags = model_new._nvcc_flags([f"-gencode=arch=compute_{arch},code=sm_{arch}"], PTXAS)
-    proc = subprocess.run([NVCC, "-c", *flags, "-Xptxas", "-v,-warn-spills,-warn-lmem-usage", str(src),
-                           "-o", str(tmp_path / "ce.o")], capture_output=True, text=True)
+    proc = subprocess.run([NVCC, "-c", *flags, "-Xptxas", "-v,-warn-spills,-warn-lmem-usage", "-keep", "-keep-dir",
+                           str(tmp_path), str(src), "-o", str(tmp_path / "ce.o")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     report = proc.stderr
     assert "warning" not in report.lower(), report
@@ -47,9 +47,19 @@ def test_compiles_without_spills(arch, tmp_path):
     spills = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert len(spills) == len(kernels), report
     assert all(s == ("0", "0", "0") for s in spills), report
+    # The launch bounds in the PTX are the policy's: CTAs per SM (_more_registers) and the one-row
+    # kernel's threads (_one_row_threads).
+    gpu = model_new._Gpu(int(arch), 1, 0, 2048, 1 << 20, 0, 0.0)
+    ctas, one_row_threads = model_new._ctas_per_sm(model_new._ROWS, gpu), model_new._one_row_threads(gpu)
+    assert ctas == (3 if 80 <= int(arch) < 100 else 2) and one_row_threads == (512 if arch == "75" else 1024)
+    ptx = (tmp_path / "cross_entropy.ptx").read_text()
+    bounds = re.findall(r"\.entry \w+?\dcross_entropy_(\w+?)_kernelI\w*\([^)]*\)\s*\.maxntid (\d+)(?:, 1, 1)?\s*"
+                        r"(?:\.minnctapersm (\d+))?", ptx)
+    assert len(bounds) == len(kernels), len(bounds)
+    for family, threads, min_ctas in bounds:
+        expected = (str(one_row_threads), "") if family == "one_row" else (str(model_new._THREADS), str(ctas))
+        assert (threads, min_ctas) == expected, (family, threads, min_ctas)
     # The launch bounds leave 65536 / (threads per SM) registers, in steps of 8.
-    ctas = model_new._CTAS_PER_SM_MORE_REGISTERS if model_new._more_registers(int(arch)) else model_new._CTAS_PER_SM
-    one_row_threads = model_new._ONE_ROW_THREADS_SM75 if int(arch) < 80 else model_new._ONE_ROW_THREADS
     budget = {f: 65536 // (model_new._THREADS * ctas) // 8 * 8 for f in INSTANCES}
     budget["one_row"] = 65536 // one_row_threads // 8 * 8
     usage = re.findall(r"Used (\d+) registers, (?:used \d+ barriers, )?(\d+) bytes smem", report)
