@@ -47,10 +47,10 @@ def test_every_field_is_packed_by_name():
 
 
 def test_the_dispatch_names_every_field():
-    """_cross_entropy_mean fills the block with every field of _PARAMS, each named once."""
+    """_cross_entropy fills the block with every field of _PARAMS, each named once."""
     import inspect
-    source = inspect.getsource(model_new._cross_entropy_mean)
-    call = source[source.index("_Params("):source.index("_ext.launch")]
+    source = inspect.getsource(model_new._cross_entropy)
+    call = source[source.index("_Params("):source.index("default = ")]
     named = re.findall(r"\b(\w+)=", call)
     assert sorted(named) == sorted(name for name, *_ in model_new._PARAMS)
 

@@ -1,6 +1,6 @@
-"""The embedded CUDA source compiles, for every architecture a leaderboard's GPUs have (sm_75 to
-sm_120), into the instances the launch can pick, with no register spills and no more shared memory
-than the policy counts (CPU-only: nvcc)."""
+"""The embedded CUDA source, its default build and its options build, compiles for every
+architecture a leaderboard's GPUs have (sm_75 to sm_120) into the instances the launch can pick,
+with no register spills and no more shared memory than the policy counts (CPU-only: nvcc)."""
 import os
 import re
 import shutil
@@ -29,11 +29,15 @@ def test_every_listed_gpu_has_its_architecture_compiled():
     assert ARCHS == ["75", "80", "86", "89", "90", "100", "120"]
 
 
+# The options build (kOptions) for each register regime: sm_75's, sm_80 to sm_90's, Blackwell's.
+BUILDS = [(arch, False) for arch in ARCHS] + [(arch, True) for arch in ("75", "90", "100")]
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-@pytest.mark.parametrize("arch", ARCHS)
-def test_compiles_without_spills(arch, tmp_path):
+@pytest.mark.parametrize("arch, options", BUILDS, ids=[f"sm_{a}" + ("-options" if o else "") for a, o in BUILDS])
+def test_compiles_without_spills(arch, options, tmp_path):
     src = tmp_path / "cross_entropy.cu"
-    src.write_text(model_new._cuda_source())
+    src.write_text(model_new._cuda_source(options))
     # The flags the import builds with, this toolkit's parallel ptxas included where it has it.
     flags = model_new._nvcc_flags([f"-gencode=arch=compute_{arch},code=sm_{arch}"], PTXAS)
     proc = subprocess.run([NVCC, "-c", *flags, "-Xptxas", "-v,-warn-spills,-warn-lmem-usage", "-keep", "-keep-dir",
