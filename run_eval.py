@@ -2,6 +2,7 @@
 """Check ModelNew against the reference and time both the way KernelBench does.
 
     python run_eval.py [--precision fp32|bf16|fp16] [--trials 100] [--json PATH]
+                       [--reduction mean|sum|none] [--ignore-fraction F]
 
 Loading: reference.py, then model_new.py, are exec'd into one namespace (as KernelBench's
 eval.py does), so the submission sees the reference's names and no __file__.
@@ -12,7 +13,11 @@ dtype (KernelBench issue #151 casts them too, which breaks the reference itself)
 Timing: KernelBench's cuda_event method for ModelNew, eager and torch.compile (inductor,
 default mode), plus a plain streaming read of the same bytes measured in the same run as the
 bandwidth floor.
+Options (with_options): --reduction and --ignore-fraction (that share of the targets, drawn per
+trial, set to the ignore index -100) give the reference, eager and torch.compile PyTorch's
+cross_entropy with them, and ModelNew the same reduction.
 """
+import functools
 import argparse
 import inspect
 import json
@@ -28,6 +33,9 @@ from torch.utils.cpp_extension import load_inline
 HERE = os.path.dirname(os.path.abspath(__file__))
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TOLERANCE = {"fp32": 1e-4, "bf16": 1e-2, "fp16": 1e-2}  # KernelBench's atol = rtol
+
+
+IGNORE_INDEX = -100
 
 
 class SubmissionError(RuntimeError):
@@ -55,6 +63,25 @@ def load_problem(ref_src, sub_src, build_dir=None):
 
 
 # ------------------------------------------------------------------------------- correctness
+def with_options(context, reduction="mean", ignore_fraction=0.0):
+    """The problem with PyTorch's options: the reduction, and a share of the targets set to the ignore
+    index, drawn after the inputs from the same seed. The defaults leave it as KernelBench defines it."""
+    if reduction == "mean" and not ignore_fraction:
+        return context
+    get_inputs = context["get_inputs"]
+
+    class Reference(torch.nn.Module):
+        def forward(self, predictions, targets):
+            return torch.nn.functional.cross_entropy(predictions, targets, reduction=reduction)
+
+    def inputs():
+        predictions, targets = get_inputs()
+        return [predictions, targets.masked_fill(torch.rand(targets.shape) < ignore_fraction, IGNORE_INDEX)]
+
+    return dict(context, Model=Reference, ModelNew=functools.partial(context["ModelNew"], reduction=reduction),
+                get_inputs=inputs)
+
+
 def set_seed(seed):
     torch.manual_seed(seed)
     if torch.cuda.is_available():
@@ -253,6 +280,9 @@ def main(argv=None):
     ap.add_argument("--submission", default=os.path.join(HERE, "model_new.py"))
     ap.add_argument("--build-dir", help="TORCH_EXTENSIONS_DIR for the build, as KernelBench sets it")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    ap.add_argument("--reduction", choices=["mean", "sum", "none"], default="mean")
+    ap.add_argument("--ignore-fraction", type=float, default=0.0, metavar="F",
+                    help="share of the targets set to the ignore index -100 (default 0)")
     args = ap.parse_args(argv)
 
     with open(args.reference) as f:
@@ -268,6 +298,7 @@ def main(argv=None):
         return 1
     load_s = time.perf_counter() - t0
     print(f"loaded in {load_s:.1f} s", flush=True)
+    context = with_options(context, args.reduction, args.ignore_fraction)
     if not torch.cuda.is_available():
         print("run_eval needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
@@ -280,6 +311,8 @@ def main(argv=None):
         "cuda": torch.version.cuda,
         "precision": args.precision,
         "load_seconds": load_s,
+        "reduction": args.reduction,
+        "ignore_fraction": args.ignore_fraction,
     }
 
     print(f"correctness ({args.correct_trials} trials, tolerance {TOLERANCE[args.precision]:g}):", flush=True)
@@ -312,7 +345,8 @@ def main(argv=None):
 
     print()
     print(f"device {report['device']} | torch {report['torch']} | CUDA {report['cuda']} | "
-          f"{args.precision} | {logits.shape[0]} x {logits.shape[1]}")
+          f"{args.precision} | {logits.shape[0]} x {logits.shape[1]} | reduction {args.reduction}, "
+          f"{args.ignore_fraction:g} of the targets ignored")
     print(f"correct: {passed}/{args.correct_trials} trials")
     print(format_table(results, logit_bytes))
     print(f"Speedup over eager: {report['speedup_eager']:.2f}x")

@@ -107,3 +107,23 @@ def test_table_columns_stay_apart():
     assert lines[0].split() == ["mean", "ms", "std", "min", "max", "TB/s"]
     assert lines[1].split() == ["ModelNew", "0.0966", "0.000621", "0.095", "0.0985", "2.78"]
     assert lines[2].split() == ["stream", "read", "(floor)", "0.0984", "6.36e-05", "0.0967", "0.0992", "2.73"]
+
+
+def test_options_reach_the_reference_modelnew_and_the_inputs():
+    """--reduction and --ignore-fraction: the reference computes PyTorch's cross_entropy with them,
+    ModelNew is built with the reduction, and that share of the targets is ignored; the defaults
+    leave KernelBench's problem as it is."""
+    ctx = run_eval.load_problem(REF, "import torch\nclass ModelNew(torch.nn.Module):\n"
+                                     "    def __init__(self, reduction='mean'):\n"
+                                     "        super().__init__()\n        self.reduction = reduction\n")
+    assert run_eval.with_options(ctx) is ctx
+    opt = run_eval.with_options(ctx, "none", 0.25)
+    assert opt["ModelNew"]().reduction == "none" and opt["get_init_inputs"] is ctx["get_init_inputs"]
+    torch.manual_seed(0)
+    x, t = opt["get_inputs"]()
+    ignored = (t == run_eval.IGNORE_INDEX).float().mean().item()
+    assert x.shape == (32768, 4096) and 0.24 < ignored < 0.26
+    expected = torch.nn.functional.cross_entropy(x[:64], t[:64], reduction="none")
+    assert torch.equal(opt["Model"]()(x[:64], t[:64]), expected)
+    assert torch.equal(run_eval.with_options(ctx, "sum")["Model"]()(x[:64], t[:64]),
+                       torch.nn.functional.cross_entropy(x[:64], t[:64], reduction="sum"))
