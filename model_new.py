@@ -26,6 +26,7 @@ the check costs a host synchronization, so it is off by default.
 """
 import functools
 import inspect
+import operator
 import os
 import struct
 import subprocess
@@ -2089,7 +2090,9 @@ def _check_inputs(logits, targets):
 
 
 def _first_bad_target(targets, cols, ignore_index):
-    """Raises ValueError naming the first row whose target is outside [0, C) and not ignore_index."""
+    """Raises ValueError naming the first row whose target is outside [0, C) and not ignore_index,
+    comparing in 64 bits as the kernels do (an int32 tensor against a wider int would wrap it)."""
+    targets = targets.long()
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= cols))
     if bool(bad.any()):
         row = int(bad.reshape(-1).nonzero()[0, 0])
@@ -2121,15 +2124,16 @@ def _cross_entropy(logits, targets, ignore_index=_IGNORE_INDEX, reduction="mean"
     base = ws.data_ptr()
     # reduction none: a loss per row, which the kernel writes instead of the result
     out = torch.empty(() if reduction != "none" else (rows,), dtype=logits.dtype, device=logits.device)
+    out_ptr = out.data_ptr()
     params = _Params(
-        logits=logits_ptr, targets=targets.data_ptr(), out=out.data_ptr(), counter=base, ignored_rows=base + 8,
+        logits=logits_ptr, targets=targets.data_ptr(), out=out_ptr, counter=base, ignored_rows=base + 8,
         exact=base + exact_off, seg_partials=base + seg_off, rows=rows, cols=cols, row_stride=row_stride,
         target_stride=targets.stride(0) if rows else 1, items=rows * plan.splits, chunks=plan.chunks,
         splits=plan.splits, seg_len=plan.seg_len, group=plan.group, chunk_rounds=plan.rounds,
         tile_rows=plan.tile_rows, target_bytes=targets.element_size(), family=plan.family, sweeps=plan.sweeps,
         batch_rows=plan.batch_rows, dtype=_DTYPE_CODES[logits.dtype], grid=plan.grid, device=index,
         lead_256=plan.lead_256, evict_first=plan.evict_first, stream=stream,
-        ignore_index=ignore_index, reduction=_REDUCTIONS[reduction], losses=out.data_ptr())
+        ignore_index=ignore_index, reduction=_REDUCTIONS[reduction], losses=out_ptr if reduction == "none" else 0)
     default = ignore_index == _IGNORE_INDEX and reduction == "mean"
     (_ext if default else _options_extension()).launch(_PARAMS_STRUCT.pack(*params))
     return out.reshape(()) if unbatched and reduction == "none" else out
@@ -2139,9 +2143,11 @@ def _options(ignore_index, reduction):
     """The options as the dispatch takes them, or the error PyTorch gives."""
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{reduction} is not a valid value for reduction")
-    if not isinstance(ignore_index, int) or not -2**63 <= ignore_index < 2**63:
+    if isinstance(ignore_index, bool) or not hasattr(ignore_index, "__index__"):
+        raise TypeError(f"ignore_index must be an integer; got {ignore_index!r}")
+    if not -2**63 <= operator.index(ignore_index) < 2**63:
         raise TypeError(f"ignore_index must be an int64 integer; got {ignore_index!r}")
-    return int(ignore_index), reduction
+    return operator.index(ignore_index), reduction
 
 
 def _check_targets_from_env():
