@@ -5,28 +5,21 @@ from model_new import _gpu_from
 # The driver's figures (model_new._DEVICE_ATTRIBUTES) for every GPU a leaderboard offers, from the
 # vendors' datasheets and the CUDA programming guide's limits per compute capability. The memory
 # clock and bus width give the datasheet's bandwidth (twice the clock times the width).
-GPUS = {
-    "T4": dict(major=7, minor=5, sms=40, l2_bytes=4 << 20, threads_per_sm=1024, smem_per_sm=64 << 10,
-               smem_reserved=0, memory_khz=5001000, bus_bits=256),                   # 320 GB/s
-    "A10G": dict(major=8, minor=6, sms=80, l2_bytes=6 << 20, threads_per_sm=1536, smem_per_sm=100 << 10,
-                 smem_reserved=1024, memory_khz=6251000, bus_bits=384),              # 600 GB/s
-    "L4": dict(major=8, minor=9, sms=58, l2_bytes=48 << 20, threads_per_sm=1536, smem_per_sm=100 << 10,
-               smem_reserved=1024, memory_khz=6251000, bus_bits=192),                # 300 GB/s
-    "L40S": dict(major=8, minor=9, sms=142, l2_bytes=96 << 20, threads_per_sm=1536, smem_per_sm=100 << 10,
-                 smem_reserved=1024, memory_khz=9001000, bus_bits=384),              # 864 GB/s
-    "A100-40GB": dict(major=8, minor=0, sms=108, l2_bytes=40 << 20, threads_per_sm=2048, smem_per_sm=164 << 10,
-                      smem_reserved=1024, memory_khz=1215000, bus_bits=5120),        # 1.56 TB/s
-    "A100-80GB": dict(major=8, minor=0, sms=108, l2_bytes=40 << 20, threads_per_sm=2048, smem_per_sm=164 << 10,
-                      smem_reserved=1024, memory_khz=1593000, bus_bits=5120),        # 2.04 TB/s
-    "H100": dict(major=9, minor=0, sms=132, l2_bytes=50 << 20, threads_per_sm=2048, smem_per_sm=228 << 10,
-                 smem_reserved=1024, memory_khz=2619000, bus_bits=5120),             # 3.35 TB/s
-    "H200": dict(major=9, minor=0, sms=132, l2_bytes=60 << 20, threads_per_sm=2048, smem_per_sm=228 << 10,
-                 smem_reserved=1024, memory_khz=3201000, bus_bits=6016),             # 4.8 TB/s
-    "B200": dict(major=10, minor=0, sms=148, l2_bytes=126 << 20, threads_per_sm=2048, smem_per_sm=228 << 10,
-                 smem_reserved=1024, memory_khz=3906000, bus_bits=8192),             # 8 TB/s
-    "RTX 5090": dict(major=12, minor=0, sms=170, l2_bytes=96 << 20, threads_per_sm=1536, smem_per_sm=100 << 10,
-                     smem_reserved=1024, memory_khz=14001000, bus_bits=512),         # 1.79 TB/s
-}
+_COLUMNS = ("major", "minor", "sms", "l2_bytes", "threads_per_sm", "smem_per_sm", "smem_reserved", "memory_khz",
+            "bus_bits")
+GPUS = {name: dict(zip(_COLUMNS, row)) for name, row in {
+    #            cc      SMs  L2          threads  shared     reserve  memory kHz  bus bits  bandwidth
+    "T4":        (7, 5,  40,  4 << 20,    1024,    64 << 10,  0,       5001000,    256),     # 320 GB/s
+    "A10G":      (8, 6,  80,  6 << 20,    1536,    100 << 10, 1024,    6251000,    384),     # 600 GB/s
+    "L4":        (8, 9,  58,  48 << 20,   1536,    100 << 10, 1024,    6251000,    192),     # 300 GB/s
+    "L40S":      (8, 9,  142, 96 << 20,   1536,    100 << 10, 1024,    9001000,    384),     # 864 GB/s
+    "A100-40GB": (8, 0,  108, 40 << 20,   2048,    164 << 10, 1024,    1215000,    5120),    # 1.56 TB/s
+    "A100-80GB": (8, 0,  108, 40 << 20,   2048,    164 << 10, 1024,    1593000,    5120),    # 2.04 TB/s (SXM)
+    "H100":      (9, 0,  132, 50 << 20,   2048,    228 << 10, 1024,    2619000,    5120),    # 3.35 TB/s
+    "H200":      (9, 0,  132, 60 << 20,   2048,    228 << 10, 1024,    3201000,    6016),    # 4.8 TB/s
+    "B200":      (10, 0, 148, 126 << 20,  2048,    228 << 10, 1024,    3906000,    8192),    # 8 TB/s
+    "RTX 5090":  (12, 0, 170, 96 << 20,   1536,    100 << 10, 1024,    14001000,   512),     # 1.79 TB/s
+}.items()}
 GPU_PLANS = {name: _gpu_from(table) for name, table in GPUS.items()}  # what the policy reads off each
 H100, H200 = GPU_PLANS["H100"], GPU_PLANS["H200"]
 
