@@ -383,8 +383,6 @@ __device__ __forceinline__ Lse lse_add_batch(Lse st, const uint4 (&buf)[kBatch],
 __device__ __forceinline__ float row_loss(Lse st, float x_target) {
   return logf(st.s) - (x_target - st.m);
 }
-// NaN: a row's loss where its target is outside [0, cols), as in PyTorch; a sum of +inf and -inf.
-__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
 // ------------------------------------------------------------------ reductions across threads
 // Butterflies over `width` lanes (a power of two <= 32): every lane ends with the result. Max and
@@ -564,7 +562,7 @@ __device__ __forceinline__ double exact_sum(unsigned long long* acc) {
 #pragma unroll
   for (int k = kExactDigits - 1; k >= 0; --k) sum += double(digit[k]) * pow2(32 * k - 149);
   const unsigned long long flags = w[kExactDigits];
-  if (flags & kSawNaN || (flags & kSawPosInf && flags & kSawNegInf)) return quiet_nan();  // inf - inf too
+  if (flags & kSawNaN || (flags & kSawPosInf && flags & kSawNegInf)) return __int_as_float(0x7fc00000);  // inf - inf too
   if (flags) return flags & kSawPosInf ? INFINITY : -INFINITY;
   return negative ? -sum : sum;
 }
@@ -636,8 +634,6 @@ __device__ __forceinline__ void store_result(const Params& p, Total total) {
 }
 
 // reduction none (the options build): a row's loss in the logits' dtype, 0 where its target is ignored.
-// Each site passes the loss as it wrote it for the sum, a second time: computed once ahead of both, it
-// changed the default build's machine code, which the options build must leave as measured.
 template <class E>
 __device__ __forceinline__ void store_row_loss(const Params& p, long long row, bool ignored, float loss) {
   if constexpr (kOptions) {
@@ -919,12 +915,12 @@ __device__ Total segments_total(const Params& p) {
       x_target = lanes_sum(x_target, lanes);
       const int kind = r < nrows ? seg_kinds[r] : kTargetIgnored;
       if (row_lane == 0 && kind != kTargetIgnored) {
-        total.sum += kind == kTargetCounted ? row_loss(st, x_target) : quiet_nan();
+        total.sum += kind == kTargetCounted ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
         ++total.count;
       }
       if (row_lane == 0 && r < nrows)
         store_row_loss<E>(p, r0 + r, kind == kTargetIgnored,
-                          kind == kTargetCounted ? row_loss(st, x_target) : quiet_nan());
+                          kind == kTargetCounted ? row_loss(st, x_target) : __int_as_float(0x7fc00000));
     }
     __syncthreads();  // every row is merged before the next slab overwrites this one
   }
@@ -995,11 +991,11 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_rows_ke
         } else if (target == ignore_index(p)) {
           ++ignored;
         } else {
-          loss_sum += (target >= 0 && target < p.cols) ? row_loss(st, x_target) : quiet_nan();
+          loss_sum += (target >= 0 && target < p.cols) ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
         }
         if (whole_rows)
           store_row_loss<E>(p, item, target == ignore_index(p),
-                            (target >= 0 && target < p.cols) ? row_loss(st, x_target) : quiet_nan());
+                            (target >= 0 && target < p.cols) ? row_loss(st, x_target) : __int_as_float(0x7fc00000));
       }
     }
 
@@ -1220,9 +1216,9 @@ __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t,
     const Lse st = tile_row_lse<E, kSweeps>(vecs, start, len, lane, group);
     if (lane == 0 && r < t.rows) {
       if (target == kTargetIgnored) ++ignored;
-      else loss_sum += target >= 0 ? row_loss(st, E::value(elems[start + target])) : quiet_nan();
+      else loss_sum += target >= 0 ? row_loss(st, E::value(elems[start + target])) : __int_as_float(0x7fc00000);
       store_row_loss<E>(p, t.row0 + r, target == kTargetIgnored,
-                        target >= 0 ? row_loss(st, E::value(elems[start + target])) : quiet_nan());
+                        target >= 0 ? row_loss(st, E::value(elems[start + target])) : __int_as_float(0x7fc00000));
     }
   }
 }
@@ -1329,10 +1325,10 @@ __device__ __forceinline__ void merge_batch_rows(const Params& p, long long chun
   if (lane % kRowWarps == 0 && r < kBatchRows) {
     const int code = codes[r];
     if (code == kTargetIgnored) ++ignored;
-    else if (code != kTargetPast) loss = code >= 0 ? row_loss(st, x_t[r]) : quiet_nan();
+    else if (code != kTargetPast) loss = code >= 0 ? row_loss(st, x_t[r]) : __int_as_float(0x7fc00000);
     if (code != kTargetPast)
       store_row_loss<E>(p, chunk * kBatchRows + r, code == kTargetIgnored,
-                        code >= 0 ? row_loss(st, x_t[r]) : quiet_nan());
+                        code >= 0 ? row_loss(st, x_t[r]) : __int_as_float(0x7fc00000));
   }
   for (int offset = kRowWarps; offset < kWarps; offset <<= 1) loss += __shfl_xor_sync(0xffffffffu, loss, offset);
   if (lane == 0) exact_add(p.exact, loss);
@@ -1428,7 +1424,7 @@ __global__ void __launch_bounds__(kOneRowCta) cross_entropy_one_row_kernel(const
     lse_reduce_lanes(st, kOneRowThreads / 32);
     // An ignored target leaves no row to average (0 / 0), a bad one is NaN: both NaN, as in PyTorch.
     if (w == 0) {
-      const float loss = code >= 0 ? row_loss(st, x_target) : quiet_nan();
+      const float loss = code >= 0 ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
       store_row_loss<E>(p, 0, code == kTargetIgnored, loss);
       if (!kOptions || p.reduction == kReductionMean) E::store(p.out, loss);
       else if (p.reduction == kReductionSum) E::store(p.out, code == kTargetIgnored ? 0.f : loss);  // nothing summed: 0
@@ -2009,22 +2005,21 @@ def _build(archs, ptx=False, options=False):
     )
 
 
-def _visible_archs():
-    """The current GPU's architecture and every other visible one's from sm_75 on (a host may mix them)."""
-    visible = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
-    return [f"{a}{b}" for a, b in sorted(visible | {torch.cuda.get_device_capability()}) if (a, b) >= (7, 5)]
-
-
 def _load_extension():
+    """Built for the current GPU, and for every other visible one of a different supported
+    architecture (a host may mix them)."""
     if not torch.cuda.is_available():
         return None
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) < (7, 5):
         raise RuntimeError(f"the cross-entropy kernel needs a GPU of compute capability 7.5 (Turing: T4) or newer; "
                            f"this one ({torch.cuda.get_device_name()}) has {major}.{minor}")
-    return _build(_visible_archs())
+    visible = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())} | {(major, minor)}
+    _ARCHS[:] = [f"{a}{b}" for a, b in sorted(visible) if (a, b) >= (7, 5)]
+    return _build(_ARCHS)
 
 
+_ARCHS = []  # what _load_extension builds for
 _ext = _load_extension()
 
 
@@ -2033,7 +2028,7 @@ def _options_extension():
     """The same kernels with run-time options (an ignore_index other than -100, reduction sum or
     none), built on their first use: the default build, which KernelBench times, never waits for
     it, and keeps its machine code."""
-    return _build(_visible_archs(), options=True)
+    return _build(_ARCHS, options=True)
 
 # =============================================================================================
 # The dispatch.
@@ -2150,10 +2145,9 @@ def _options(ignore_index, reduction):
         raise ValueError(f"{reduction} is not a valid value for reduction")
     if isinstance(ignore_index, bool) or not hasattr(ignore_index, "__index__"):
         raise TypeError(f"ignore_index must be an integer; got {ignore_index!r}")
-    index = operator.index(ignore_index)
-    if not -2**63 <= index < 2**63:
+    if not -2**63 <= operator.index(ignore_index) < 2**63:
         raise TypeError(f"ignore_index must be an int64 integer; got {ignore_index!r}")
-    return index, reduction
+    return operator.index(ignore_index), reduction
 
 
 def _check_targets_from_env():
