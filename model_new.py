@@ -3,10 +3,11 @@
 ModelNew()(logits, targets) equals PyTorch's cross_entropy(logits, targets) with its defaults
 (mean reduction, ignore_index -100) for float32, bfloat16 and float16 logits of shape (N, C) or
 (C,) and int64 or int32 class-index targets. The result is a 0-dim tensor of the logits' dtype.
-ModelNew(ignore_index=..., reduction=...) and cross_entropy(input, target, ignore_index, reduction)
-take those two options as PyTorch does (reduction "mean", "sum" or "none"); they run in a second
-build of the same kernels, compiled on first use. The default build compiles at import for the GPU
-present, of compute capability 7.5 (T4) or newer.
+ModelNew(weight, ignore_index, reduction) and cross_entropy(input, target, weight, ignore_index,
+reduction) take those options as PyTorch does (class weights, reduction "mean", "sum" or "none"),
+and beyond PyTorch z_loss (z_loss * lse**2 added per row) and return_lse (every row's
+log-sum-exp); they run in a second build of the same kernels, compiled on first use. The default
+build compiles at import for the GPU present, of compute capability 7.5 (T4) or newer.
 
 One launch reads every logit once and writes nothing of size N x C: each row is reduced to
 (max, sum of exp) in fp32, the target logit picked out on the way; the losses are summed exactly,
@@ -26,6 +27,7 @@ the check costs a host synchronization, so it is off by default.
 """
 import functools
 import inspect
+import math
 import operator
 import os
 import struct
@@ -65,6 +67,11 @@ _CUDA_SRC = r"""
 //
 // Loads: the logits stream through plain 16-byte loads, or evict-first ones where they are at most
 // a few L2 sizes (the host's _evict_first); each kind has its own instances.
+//
+// Options (ignore_index, reduction sum or none, class weights, z-loss, every row's log-sum-exp) are
+// run-time fields of Params that only a second build of this source reads (kOptions true): each
+// row's loss passes through row_outcome, and a weighted mean divides by a second exact sum, the
+// counted rows' class weights. The default build compiles that code out.
 //
 // The constants this source shares with the host (kThreads, kBatch, ...), the launch's parameter
 // block (struct Params) and the device attributes the host's policy reads are written ahead of it
@@ -408,21 +415,21 @@ __device__ __forceinline__ void lse_reduce_lanes(Lse& st, int width) {
   st = {m, lanes_sum(s, width)};
 }
 
-// A loss sum and a row count. Summed together, so the final reduction costs one round of the CTA.
+// A loss sum and the mean's divisor (the rows counted, or their classes' weights). Summed together,
+// so the final reduction costs one round of the CTA.
 struct Total {
-  double sum;
-  unsigned long long count;
+  double sum, divisor;
 };
 
 // Fixed-order sum over the CTA; the total is valid in thread 0. Every thread must call it.
 __device__ Total cta_sum(Total v, Total* scratch) {
   v.sum = warp_sum(v.sum);
-  v.count = warp_sum(v.count);
+  v.divisor = warp_sum(v.divisor);
   if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
   __syncthreads();
-  Total total = {0.0, 0ull};
+  Total total = {0.0, 0.0};
   if (threadIdx.x == 0)
-    for (int w = 0; w < kWarps; ++w) total = {total.sum + scratch[w].sum, total.count + scratch[w].count};
+    for (int w = 0; w < kWarps; ++w) total = {total.sum + scratch[w].sum, total.divisor + scratch[w].divisor};
   __syncthreads();
   return total;
 }
@@ -444,6 +451,10 @@ __device__ __forceinline__ int target_code(const Params& p, long long target) {
   const int kind = target_kind(p, target);
   return kind == kTargetCounted ? int(target) : kind;
 }
+
+// Whether the launch reads the logits of every row, ignored ones and bad targets' too: the options
+// build, where it stores every row's log-sum-exp (Params::lse).
+__device__ __forceinline__ bool every_row(const Params& p) { return kOptions && p.lse != nullptr; }
 
 // A row's target as two 32-bit words, for int64 and int32 targets alike: a kernel that reads them
 // so needs no instance per target type, and no select between two loads in flight, which would
@@ -568,15 +579,30 @@ __device__ __forceinline__ double exact_sum(unsigned long long* acc) {
 }
 
 // ------------------------------------------------------------------ the end of a launch
-// The end of a chunk of whole rows: each warp sums its group leaders' losses (every warp at once),
-// thread 0 publishes its claim, and after the chunk's one barrier thread 0 sums the warps in order
-// and adds that to the exact sum. Segments (whole_rows false) leave a partial per item instead, and
-// only publish and wait. warp_sums and claimed are this step's slots. Every thread must call it.
-__device__ __forceinline__ void end_chunk(const Params& p, bool whole_rows, float loss_sum, int group, float* warp_sums,
-                                          const ChunkClaims& claims, unsigned int claim, long long* claimed) {
+// Whether the mean divides by the counted rows' class weights (the options build, given weights)
+// rather than by the rows counted.
+__device__ __forceinline__ bool weighted(const Params& p) { return kOptions && p.weight != nullptr; }
+
+// A chunk's sums in shared memory, a slot per warp: the losses', and where weighted the weights'.
+constexpr int kChunkSums = kOptions ? 2 * kWarps : kWarps;
+
+// The end of a chunk of whole rows: each warp sums its group leaders' losses (and weights, where
+// weighted) at once, thread 0 publishes its claim, and after the chunk's one barrier thread 0 sums
+// the warps in order and adds that to the exact sum (thread 32 the weights', to their own). Segments
+// (whole_rows false) leave a partial per item instead, and only publish and wait. warp_sums (of
+// kChunkSums) and claimed are this step's slots. Every thread must call it.
+__device__ __forceinline__ void end_chunk(const Params& p, bool whole_rows, float loss_sum, float weight_sum, int group,
+                                          float* warp_sums, const ChunkClaims& claims, unsigned int claim,
+                                          long long* claimed) {
   if (whole_rows) {
-    for (int offset = group; offset < 32; offset <<= 1) loss_sum += __shfl_xor_sync(0xffffffffu, loss_sum, offset);
-    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = loss_sum;
+    for (int offset = group; offset < 32; offset <<= 1) {
+      loss_sum += __shfl_xor_sync(0xffffffffu, loss_sum, offset);
+      if (weighted(p)) weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, offset);
+    }
+    if ((threadIdx.x & 31) == 0) {
+      warp_sums[threadIdx.x >> 5] = loss_sum;
+      if (weighted(p)) warp_sums[kWarps + (threadIdx.x >> 5)] = weight_sum;
+    }
   }
   claims.publish(claimed, claim);
   __syncthreads();
@@ -585,6 +611,12 @@ __device__ __forceinline__ void end_chunk(const Params& p, bool whole_rows, floa
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += warp_sums[w];
     exact_add(p.exact, sum);
+  }
+  if (whole_rows && threadIdx.x == 32 && weighted(p)) {  // the next warp, beside thread 0
+    float weights = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) weights += warp_sums[kWarps + w];
+    exact_add(p.weight_exact, weights);
   }
 }
 
@@ -614,11 +646,13 @@ __device__ __forceinline__ bool arrive_last(const Params& p, unsigned int ignore
   return is_last_cta;
 }
 
-// The last CTA's share of whole rows, in thread 0: the chunks' exact sum and the rows counted.
+// The last CTA's share of whole rows, in thread 0: the chunks' exact sum and the mean's divisor, the
+// rows counted or (weighted) the exact sum of their weights.
 __device__ __forceinline__ Total whole_rows_total(const Params& p) {
-  if (threadIdx.x != 0) return {0.0, 0ull};
+  if (threadIdx.x != 0) return {0.0, 0.0};
   const unsigned long long ignored_rows = __ldcg(p.ignored_rows);  // before the sum's loads: one round trip
-  return {exact_sum(p.exact), p.rows - ignored_rows};
+  const double sum = exact_sum(p.exact);
+  return {sum, weighted(p) ? exact_sum(p.weight_exact) : double(p.rows - ignored_rows)};
 }
 
 // The result from the CTA's total, in thread 0: the mean, or in the options build the sum (or
@@ -629,16 +663,64 @@ __device__ __forceinline__ void store_result(const Params& p, Total total) {
     *p.ignored_rows = 0;
     if (kOptions && p.reduction == kReductionNone) return;
     const bool sum = kOptions && p.reduction == kReductionSum;
-    E::store(p.out, float(sum ? total.sum : total.sum / double(total.count)));  // 0 rows: 0/0 = NaN
+    E::store(p.out, float(sum ? total.sum : total.sum / total.divisor));  // nothing counted: 0/0 = NaN
   }
 }
 
-// reduction none (the options build): a row's loss in the logits' dtype, 0 where its target is ignored.
+// The weight of a row's class where the options build has weights and the row counts (code: its
+// target's, target_code's), else 1: the row's share of the mean's divisor. Loaded where it is
+// needed, after the row's reduction, its latency shows: rows in registers copy it ahead of the row
+// (copy_class_weight), tiles hold every class's weight in shared memory, and the host gives
+// weighted problems no row batches (bench/PERF.md, "Options").
 template <class E>
-__device__ __forceinline__ void store_row_loss(const Params& p, long long row, bool ignored, float loss) {
-  if constexpr (kOptions) {
-    if (p.reduction == kReductionNone) E::store(static_cast<typename E::Storage*>(p.losses) + row, ignored ? 0.f : loss);
+__device__ __forceinline__ float class_weight(const Params& p, long long code) {
+  if (!weighted(p) || code < 0) return 1.f;
+  return load_scalar<E>(static_cast<const typename E::Storage*>(p.weight) + code);
+}
+
+// The class weight for rows in registers, whose loop has no register to spare for it while the
+// row streams: the 4-byte word that holds it is copied to the thread's shared-memory slot ahead of
+// the row (cp.async; before sm_80 a load and a store) and read back after it.
+template <class E>
+__device__ __forceinline__ void copy_class_weight(uint32_t* slot, const Params& p, long long code) {
+  if (!weighted(p) || code < 0) return;
+  const auto at = reinterpret_cast<uintptr_t>(static_cast<const typename E::Storage*>(p.weight) + code);
+  const auto* word = reinterpret_cast<const uint32_t*>(at & ~uintptr_t(3));
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n\tcp.async.commit_group;"
+               :: "r"(static_cast<unsigned int>(__cvta_generic_to_shared(slot))), "l"(word) : "memory");
+#else
+  *slot = __ldg(word);
+#endif
+}
+template <class E>
+__device__ __forceinline__ float copied_class_weight(const uint32_t* slot, const Params& p, long long code) {
+  if (!weighted(p) || code < 0) return 1.f;
+  wait_copies();
+  const uint32_t word = *slot;
+  if constexpr (sizeof(typename E::Storage) == 4) return __uint_as_float(word);
+  const auto at = reinterpret_cast<uintptr_t>(static_cast<const typename E::Storage*>(p.weight) + code);
+  return E::value(typename E::Storage(at & 2 ? word >> 16 : word));
+}
+
+// A row's loss from its (m, s), its target's code (target_code's, or target_kind's where the column
+// is not needed) and its target logit: PyTorch's, NaN for a bad target. The options build applies
+// the row's options: times its class's weight (class_weight's), plus z_loss * lse^2, and stores
+// what is asked per row: its loss for reduction none (0 where ignored), its log-sum-exp.
+template <class E>
+__device__ __forceinline__ float row_outcome(const Params& p, long long row, long long code, Lse st, float x_t,
+                                             float weight) {
+  if constexpr (!kOptions) return code >= 0 ? row_loss(st, x_t) : __int_as_float(0x7fc00000);
+  const float log_s = logf(st.s);
+  float loss = code >= 0 ? weight * (log_s - (x_t - st.m)) : __int_as_float(0x7fc00000);  // weight 1 without weights
+  if (p.z_loss != 0.f || p.lse) {
+    const float lse = st.m + log_s;
+    if (code >= 0 && p.z_loss != 0.f) loss = fmaf(p.z_loss * lse, lse, loss);  // guarded: 0 * inf would be NaN
+    if (p.lse) p.lse[row] = lse;
   }
+  if (p.reduction == kReductionNone)
+    E::store(static_cast<typename E::Storage*>(p.losses) + row, code == kTargetIgnored ? 0.f : loss);
+  return loss;
 }
 
 // ================================================================== family: rows in registers
@@ -880,7 +962,7 @@ __device__ Total segments_total(const Params& p) {
   extern __shared__ float4 seg_slab[];
   int* const seg_kinds = reinterpret_cast<int*>(seg_slab + kSegSlab);
   const Target* targets = static_cast<const Target*>(p.targets);
-  Total total = {0.0, 0ull};
+  Total total = {0.0, 0.0};
   constexpr int kPerThread = kSegSlab / kThreads;
   const int slab_rows = kSegSlab / p.splits;  // at most kThreads: the host keeps 2 <= splits <= kSegSlab
   int lanes = 1;
@@ -913,14 +995,14 @@ __device__ Total segments_total(const Params& p) {
       }
       lse_reduce_lanes(st, lanes);
       x_target = lanes_sum(x_target, lanes);
-      const int kind = r < nrows ? seg_kinds[r] : kTargetIgnored;
-      if (row_lane == 0 && kind != kTargetIgnored) {
-        total.sum += kind == kTargetCounted ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
-        ++total.count;
+      if (row_lane == 0 && r < nrows) {
+        const int kind = seg_kinds[r];
+        // The column where the options build may need it for the class weight: it is not in the kinds.
+        const long long code = kOptions && kind == kTargetCounted ? (long long)targets[(r0 + r) * p.target_stride] : kind;
+        const float weight = class_weight<E>(p, code);
+        const float loss = row_outcome<E>(p, r0 + r, code, st, x_target, weight);
+        if (kind != kTargetIgnored) total = {total.sum + loss, total.divisor + weight};
       }
-      if (row_lane == 0 && r < nrows)
-        store_row_loss<E>(p, r0 + r, kind == kTargetIgnored,
-                          kind == kTargetCounted ? row_loss(st, x_target) : __int_as_float(0x7fc00000));
     }
     __syncthreads();  // every row is merged before the next slab overwrites this one
   }
@@ -930,10 +1012,11 @@ __device__ Total segments_total(const Params& p) {
 template <class E, class Target, bool kEvictFirst, bool kLead256>
 __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_rows_kernel(const Params p) {
   __shared__ float4 warp_state[2][kWarps];     // (m, s, target logit or 0, unused) per warp, by item parity
-  __shared__ float warp_sums[2][kWarps];       // loss sum per warp, by chunk parity
+  __shared__ float warp_sums[2][kChunkSums];   // loss (and weight) sums per warp, by chunk parity
   __shared__ long long claimed[2];             // the chunk after next, by chunk parity
   __shared__ Total final_scratch[kWarps];
   __shared__ uint4 tail_vecs[kShortTail * kThreads];  // a short last batch: thread t's u-th vector at u * kThreads + t
+  __shared__ uint32_t weight_slots[kOptions ? kThreads : 1];  // copy_class_weight's, a slot per thread
 
   const int group = p.group;
   const int lane = threadIdx.x & (group - 1);
@@ -965,7 +1048,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_rows_ke
 
   for (int parity = 0; claims.chunk < p.chunks; parity ^= 1) {  // the same in every thread
     const unsigned int claim = claims.claim(claim_counter);
-    float loss_sum = 0.f;  // leaders: this group's rows of the chunk, in order; 0 elsewhere
+    float loss_sum = 0.f, weight_sum = 0.f;  // leaders: this group's rows of the chunk, in order; 0 elsewhere
 
     for (int r = 0; r < rounds; ++r, item_parity ^= 1) {
       const long long item = item_of(claims.chunk, r);
@@ -974,8 +1057,10 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_rows_ke
       Lse st = {-INFINITY, 0.f};
       float x_target = 0.f;  // in the lane that read it; stays 0 in segments without the target column
       int t_lane = 0;
-      // Ignored and out-of-range targets need no logits: the row is skipped or yields NaN.
-      if (item < p.items && target >= 0 && target < p.cols) {
+      if (leader && whole_rows) copy_class_weight<E>(weight_slots + (kOptions ? threadIdx.x : 0), p, target_code(p, target));
+      // Ignored and out-of-range targets need no logits (the row is skipped or yields NaN), unless
+      // every row's log-sum-exp is asked for.
+      if (item < p.items && ((target >= 0 && target < p.cols) || every_row(p))) {
         const long long row = row_of(item);
         const long long c0 = (item - row * p.splits) * (long long)p.seg_len;
         const auto* seg = logits + row * p.row_stride + c0;
@@ -988,18 +1073,21 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_rows_ke
       if (leader && item < p.items) {
         if (!whole_rows) {
           p.seg_partials[item] = make_float4(st.m, st.s, x_target, 0.f);
-        } else if (target == ignore_index(p)) {
-          ++ignored;
         } else {
-          loss_sum += (target >= 0 && target < p.cols) ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
+          const long long code = target_code(p, target);
+          const float weight = copied_class_weight<E>(weight_slots + (kOptions ? threadIdx.x : 0), p, code);
+          const float loss = row_outcome<E>(p, item, code, st, x_target, weight);
+          if (target == ignore_index(p)) {
+            ++ignored;
+          } else {
+            loss_sum += loss;
+            weight_sum += weight;
+          }
         }
-        if (whole_rows)
-          store_row_loss<E>(p, item, target == ignore_index(p),
-                            (target >= 0 && target < p.cols) ? row_loss(st, x_target) : __int_as_float(0x7fc00000));
       }
     }
 
-    end_chunk(p, whole_rows, loss_sum, group, warp_sums[parity], claims, claim, &claimed[parity]);
+    end_chunk(p, whole_rows, loss_sum, weight_sum, group, warp_sums[parity], claims, claim, &claimed[parity]);
     claims.advance(&claimed[parity]);
   }
 
@@ -1197,10 +1285,11 @@ __device__ __forceinline__ Lse tile_row_lse(const uint4* vecs, int start, int le
 }
 
 // The rows of a tile in shared memory, a row per group at a time; leaders add their rows' losses
-// and count those of ignore_index.
+// (and class weights, from `weights` in shared memory where weighted) and count those of ignore_index.
 template <class E, int kSweeps>
 __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t, const uint4* vecs, const int* targets,
-                                          int lane, int group, float& loss_sum, unsigned int& ignored) {
+                                          const typename E::Storage* weights, int lane, int group, float& loss_sum,
+                                          float& weight_sum, unsigned int& ignored) {
   const auto* elems = reinterpret_cast<const typename E::Storage*>(vecs);
   // group is a power of two: shifts, where divisions cost three conversions each.
   const int shift = __ffs(group) - 1;
@@ -1211,24 +1300,33 @@ __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t,
     const int r = k * groups + (int(threadIdx.x) >> shift);
     const int target = r < t.rows ? targets[r] : kTargetIgnored;
     const int start = tile_index(t, r * int(p.row_stride));
-    // Ignored rows and bad targets need no sum: they read nothing.
-    const int len = target >= 0 ? int(p.cols) : 0;
+    // Ignored rows and bad targets need no sum, unless every row's log-sum-exp is asked for.
+    const int len = target >= 0 || (every_row(p) && r < t.rows) ? int(p.cols) : 0;
     const Lse st = tile_row_lse<E, kSweeps>(vecs, start, len, lane, group);
     if (lane == 0 && r < t.rows) {
-      if (target == kTargetIgnored) ++ignored;
-      else loss_sum += target >= 0 ? row_loss(st, E::value(elems[start + target])) : __int_as_float(0x7fc00000);
-      store_row_loss<E>(p, t.row0 + r, target == kTargetIgnored,
-                        target >= 0 ? row_loss(st, E::value(elems[start + target])) : __int_as_float(0x7fc00000));
+      const float weight = weighted(p) && target >= 0 ? E::value(weights[target]) : 1.f;
+      const float loss = row_outcome<E>(p, t.row0 + r, target, st, target >= 0 ? E::value(elems[start + target]) : 0.f,
+                                        weight);
+      if (target == kTargetIgnored) {
+        ++ignored;
+      } else {
+        loss_sum += loss;
+        weight_sum += weight;
+      }
     }
   }
 }
 
 template <class E, class Target, int kSweeps, bool kEvictFirst>
 __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_tiles_kernel(const Params p) {
-  __shared__ float warp_sums[2][kWarps];   // end_chunk's, by chunk parity
+  __shared__ float warp_sums[2][kChunkSums];  // end_chunk's, by chunk parity
   __shared__ long long claimed[2];         // the chunk after next, by chunk parity
   __shared__ uint4 tile_vecs[kTileVecs + 2];  // a tile's vectors, a spare slot at each end
   __shared__ int tile_targets[kTileRows];
+  // Weighted (the options build): every class's weight, read per row from here. Tiles take rows of
+  // at most a kTileMinRows-th of a tile (the host's _tile_fit).
+  __shared__ uint4 class_weight_vecs[kOptions ? kTileVecs / kTileMinRows : 1];
+  auto* const class_weights = reinterpret_cast<typename E::Storage*>(class_weight_vecs);
 
   const int group = p.group;
   const int lane = threadIdx.x & (group - 1);
@@ -1236,18 +1334,22 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_tiles_k
   ChunkClaims claims;
   TileLoads<E, Target, kEvictFirst> tile;  // the next tile, in flight
   if (claims.chunk < p.chunks) tile.issue(p, tile_span<E>(p, claims.chunk));
+  if (weighted(p)) {  // while the first tile is on its way; the first barrier orders these stores
+    const auto* w = static_cast<const typename E::Storage*>(p.weight);
+    for (int c = threadIdx.x; c < p.cols; c += kThreads) class_weights[c] = w[c];
+  }
   unsigned int ignored = 0;  // leaders: the rows of ignore_index they met; the mean divides by the rest
 
   for (int parity = 0; claims.chunk < p.chunks; parity ^= 1) {  // the same in every thread
     const unsigned int claim = claims.claim(claim_counter);
-    float loss_sum = 0.f;  // leaders: this group's rows of the tile, in order; 0 elsewhere
+    float loss_sum = 0.f, weight_sum = 0.f;  // leaders: this group's rows of the tile, in order; 0 elsewhere
     // The last chunk's barrier (end_chunk) is past every read of the previous tile.
     const TileSpan<E> span = tile_span<E>(p, claims.chunk);
     tile.store(p, span, tile_vecs, tile_targets);
     if (claims.next < p.chunks) tile.issue(p, tile_span<E>(p, claims.next));
     __syncthreads();
-    tile_loss<E, kSweeps>(p, span, tile_vecs, tile_targets, lane, group, loss_sum, ignored);
-    end_chunk(p, true, loss_sum, group, warp_sums[parity], claims, claim, &claimed[parity]);
+    tile_loss<E, kSweeps>(p, span, tile_vecs, tile_targets, class_weights, lane, group, loss_sum, weight_sum, ignored);
+    end_chunk(p, true, loss_sum, weight_sum, group, warp_sums[parity], claims, claim, &claimed[parity]);
     claims.advance(&claimed[parity]);
   }
 
@@ -1321,17 +1423,28 @@ __device__ __forceinline__ void merge_batch_rows(const Params& p, long long chun
   const float2 part = lane < kWarps ? state[lane] : make_float2(-INFINITY, 0.f);
   Lse st = {part.x, part.y};
   lse_reduce_lanes(st, kRowWarps);
-  float loss = 0.f;
-  if (lane % kRowWarps == 0 && r < kBatchRows) {
+  float loss = 0.f, weight = 0.f;
+  if (lane % kRowWarps == 0 && r < kBatchRows && codes[r] != kTargetPast) {
     const int code = codes[r];
-    if (code == kTargetIgnored) ++ignored;
-    else if (code != kTargetPast) loss = code >= 0 ? row_loss(st, x_t[r]) : __int_as_float(0x7fc00000);
-    if (code != kTargetPast)
-      store_row_loss<E>(p, chunk * kBatchRows + r, code == kTargetIgnored,
-                        code >= 0 ? row_loss(st, x_t[r]) : __int_as_float(0x7fc00000));
+    // Loaded here, the merging warp waits for it each chunk: the host's policy gives weighted
+    // problems to rows in registers instead (_family).
+    const float row_weight = class_weight<E>(p, code);
+    const float row_loss = row_outcome<E>(p, chunk * kBatchRows + r, code, st, code >= 0 ? x_t[r] : 0.f, row_weight);
+    if (code == kTargetIgnored) {
+      ++ignored;
+    } else {
+      loss = row_loss;
+      weight = row_weight;
+    }
   }
-  for (int offset = kRowWarps; offset < kWarps; offset <<= 1) loss += __shfl_xor_sync(0xffffffffu, loss, offset);
-  if (lane == 0) exact_add(p.exact, loss);
+  for (int offset = kRowWarps; offset < kWarps; offset <<= 1) {
+    loss += __shfl_xor_sync(0xffffffffu, loss, offset);
+    if (weighted(p)) weight += __shfl_xor_sync(0xffffffffu, weight, offset);
+  }
+  if (lane == 0) {
+    exact_add(p.exact, loss);
+    if (weighted(p)) exact_add(p.weight_exact, weight);
+  }
 }
 
 // One chunk: claim, issue the next chunk's loads, reduce this one's rows, and after the barrier
@@ -1408,6 +1521,7 @@ __global__ void __launch_bounds__(kOneRowCta) cross_entropy_one_row_kernel(const
 
   // The thread that holds the target logit leaves it in shared memory.
   const int code = target_code(p, target_value(p, target));
+  const float weight = threadIdx.x == 0 ? class_weight<E>(p, code) : 1.f;
   const int c = code - cut.head;  // the target's place in the whole vectors
   if (code >= 0 && c >= 0 && c < cut.nvec * E::kPerVec) {
     const int shift = __ffs(blockDim.x) - 1, v = c / E::kPerVec;
@@ -1422,12 +1536,17 @@ __global__ void __launch_bounds__(kOneRowCta) cross_entropy_one_row_kernel(const
     const float2 part = w < int(blockDim.x >> 5) ? warp_state[w] : make_float2(-INFINITY, 0.f);
     Lse st = {part.x, part.y};
     lse_reduce_lanes(st, kOneRowThreads / 32);
-    // An ignored target leaves no row to average (0 / 0), a bad one is NaN: both NaN, as in PyTorch.
+    // The mean of one row: an ignored target leaves none to average (0 / 0), a bad one is NaN; both
+    // NaN, as in PyTorch.
     if (w == 0) {
-      const float loss = code >= 0 ? row_loss(st, x_target) : __int_as_float(0x7fc00000);
-      store_row_loss<E>(p, 0, code == kTargetIgnored, loss);
-      if (!kOptions || p.reduction == kReductionMean) E::store(p.out, loss);
-      else if (p.reduction == kReductionSum) E::store(p.out, code == kTargetIgnored ? 0.f : loss);  // nothing summed: 0
+      const float loss = row_outcome<E>(p, 0, code, st, x_target, weight);
+      if (!kOptions) {
+        E::store(p.out, loss);  // row_outcome's NaN for an ignored target: the mean's 0 / 0
+      } else if (p.reduction != kReductionNone) {
+        const bool ignored = code == kTargetIgnored;
+        const float sum = ignored ? 0.f : loss;
+        E::store(p.out, p.reduction == kReductionMean ? sum / (ignored ? 0.f : weight) : sum);
+      }
     }
   }
 }
@@ -1539,6 +1658,7 @@ _CTAS_PER_SM_MORE_REGISTERS = 2  # ... where the code needs more (_more_register
 _BATCH = 8                # 16-byte loads a thread issues together, before the first is used
 _SHORT_TAIL = 4           # a row's last batch of at most this many vectors a thread rides along ("Loads")
 _TILE_TARGETS = 4         # targets a thread loads per tile
+_TILE_MIN_ROWS = 8        # rows of at most an eighth of a tile are staged in tiles ("Short rows")
 _SEG_SLAB = 2 * _THREADS  # segments per row at most: the last CTA stages a row's partials at once
 _ROW_BATCH_LOADS = 4      # 16-byte loads a thread per batch of the row-batch kernel
 _ONE_ROW_THREADS = 1024   # the one-row kernel's most threads, each with a batch of the row ...
@@ -1552,7 +1672,6 @@ _EVICT_FIRST_LEAD_MIN_GROUP = 64  # evict-first rows are counted from the 256-by
 _MAX_SEG = 1 << 30        # a segment's column indices are 32-bit
 _CLAIM_BYTES = 16 << 10   # a CTA's round reads at least this much: chunks of one round ("Work balance")
 _TILE_BYTES = _THREADS * _BATCH * 16  # a tile: one batch of every thread of a CTA
-_TILE_MIN_ROWS = 8        # rows of at most an eighth of a tile are staged in tiles ("Short rows")
 _EVICT_FIRST_L2S = 6      # logits of at most this many L2 sizes are read evict-first ("Loads")
 _EVICT_FIRST_TILE_CTAS = 2        # CTAs per SM for evict-first tiles of rows of ...
 _EVICT_FIRST_TILE_MIN_ROW = 512   # ... at least this many bytes ("Short rows")
@@ -1570,7 +1689,7 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _KERNEL_CONSTANTS = {
     "kThreads": _THREADS, "kCtasPerSm": _CTAS_PER_SM, "kCtasPerSmMoreRegisters": _CTAS_PER_SM_MORE_REGISTERS,
     "kBatch": _BATCH, "kShortTail": _SHORT_TAIL,
-    "kTileTargets": _TILE_TARGETS, "kSegSlab": _SEG_SLAB, "kRowBatchLoads": _ROW_BATCH_LOADS,
+    "kTileTargets": _TILE_TARGETS, "kTileMinRows": _TILE_MIN_ROWS, "kSegSlab": _SEG_SLAB, "kRowBatchLoads": _ROW_BATCH_LOADS,
     "kOneRowThreads": _ONE_ROW_THREADS, "kOneRowThreadsSm75": _ONE_ROW_THREADS_SM75, "kExactWords": _EXACT_WORDS,
     "kFamilyRows": _ROWS, "kFamilyTiles": _TILES, "kFamilyRowBatches": _ROW_BATCHES, "kFamilyOneRow": _ONE_ROW,
     "kVectorSweeps": _VECTOR_SWEEPS, "kElementSweeps": _ELEMENT_SWEEPS, "kPairSweeps": _PAIR_SWEEPS,
@@ -1601,9 +1720,11 @@ class _Gpu(NamedTuple):
 
 # Shared memory a CTA of each family holds, bytes: its largest array and at most 1 KB of small ones
 # (test_cuda_source holds these to what ptxas reports); rows in registers count segments_total's slab.
+# Both count the options build's class weights (_OPTIONS_SHARED_BYTES), which the default build lacks.
+_OPTIONS_SHARED_BYTES = {_ROWS: 4 * _THREADS, _TILES: _TILE_BYTES // _TILE_MIN_ROWS}
 _CTA_SHARED_BYTES = {
-    _ROWS: 16 * _SHORT_TAIL * _THREADS + 16 * _SEG_SLAB + 4 * _THREADS + 1024,
-    _TILES: _TILE_BYTES + 32 + 4 * _THREADS * _TILE_TARGETS + 1024,
+    _ROWS: 16 * _SHORT_TAIL * _THREADS + 16 * _SEG_SLAB + 4 * _THREADS + _OPTIONS_SHARED_BYTES[_ROWS] + 1024,
+    _TILES: _TILE_BYTES + 32 + 4 * _THREADS * _TILE_TARGETS + _OPTIONS_SHARED_BYTES[_TILES] + 1024,
     _ROW_BATCHES: 1024,
     _ONE_ROW: 1024,
 }
@@ -1646,25 +1767,27 @@ class _Plan(NamedTuple):
     batch_rows: int = 0  # row batches: rows per batch
 
 
-def _plan(rows, cols, row_stride, elem_bytes, gpu, offset=0):
+def _plan(rows, cols, row_stride, elem_bytes, gpu, offset=0, weighted=False):
     """The launch plan for (rows, cols) logits of elem_bytes each, rows row_stride elements apart,
-    the first one `offset` bytes past the 16-byte grid, on `gpu` (a _Gpu)."""
-    family = _family(rows, cols, row_stride, elem_bytes, gpu, offset)
+    the first one `offset` bytes past the 16-byte grid, on `gpu` (a _Gpu); `weighted`: with class
+    weights."""
+    family = _family(rows, cols, row_stride, elem_bytes, gpu, offset, weighted)
     evict_first = _evict_first(family, rows * cols * elem_bytes, elem_bytes, gpu)
     return _shape(family, rows, cols, row_stride, elem_bytes, gpu, offset, evict_first)
 
 
-def _family(rows, cols, row_stride, elem_bytes, gpu, offset):
+def _family(rows, cols, row_stride, elem_bytes, gpu, offset, weighted=False):
     """The kernel family: the first of these that takes the problem.
 
     one row      a lone row of up to 128 KB (sm_75: 64)                       "One row"
-    row batches  1 or 2 rows fill the row-batch kernel's CTA batch (_batch_rows) "Rows that fill a CTA batch"
+    row batches  1 or 2 rows fill the row-batch kernel's CTA batch (_batch_rows), "Rows that fill a CTA batch"
+                 without class weights (each chunk's merge would wait for them) "Options"
     tiles        rows of at most an eighth of a tile, close together (_tile_fit) "Short rows"
     rows         the rest, in registers, split into segments where too few     "Long rows"
     """
     if rows == 1 and cols // (16 // elem_bytes) <= _one_row_threads(gpu) * _BATCH:
         return _ONE_ROW
-    if _batch_rows(rows, cols, row_stride, elem_bytes, gpu, offset):
+    if not weighted and _batch_rows(rows, cols, row_stride, elem_bytes, gpu, offset):
         return _ROW_BATCHES
     if _tile_fit(rows, cols, row_stride, elem_bytes):
         return _TILES
@@ -1889,10 +2012,10 @@ def _gpu(device_index):
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan_on(device_index, rows, cols, row_stride, elem_bytes, offset):
+def _plan_on(device_index, rows, cols, row_stride, elem_bytes, offset, weighted=False):
     """_plan on GPU device_index, cached: the host's time per call shows in KernelBench's timing
     (see _cross_entropy). A test that changes the policy clears it."""
-    return _plan(rows, cols, row_stride, elem_bytes, _gpu(device_index), offset)
+    return _plan(rows, cols, row_stride, elem_bytes, _gpu(device_index), offset, weighted)
 
 
 # =============================================================================================
@@ -1933,6 +2056,10 @@ _PARAMS = (
     ("ignore_index", "long long", "q", "targets to skip"),
     ("reduction", "int", "i", "kReductionMean, kReductionSum or kReductionNone"),
     ("losses", "void*", "Q", "reduction none: a loss per row, in the logits' dtype"),
+    ("weight", "const void*", "Q", "class weights, C of the logits' dtype; null: none"),
+    ("weight_exact", "unsigned long long*", "Q", "weighted: the counted rows' weights' exact sum"),
+    ("lse", "float*", "Q", "every row's log-sum-exp; null: not asked for"),
+    ("z_loss", "float", "f", "adds z_loss * lse^2 to each counted row's loss"),
 )
 _Params = namedtuple("_Params", [name for name, *_ in _PARAMS])
 _PARAMS_STRUCT = struct.Struct("@" + "".join(code for _, _, code, _ in _PARAMS) + "0q")  # padded as C pads
@@ -1940,7 +2067,7 @@ _PARAMS_STRUCT = struct.Struct("@" + "".join(code for _, _, code, _ in _PARAMS) 
 
 def _cuda_preamble(options=False):
     """The constants and the parameter block, as the CUDA source sees them; `options`: the build that
-    also reads ignore_index, reduction and losses (kOptions)."""
+    also reads the options' fields (kOptions)."""
     constants = "\n".join(f"constexpr int {name} = {value};" for name, value in _KERNEL_CONSTANTS.items())
     fields = "\n".join(f"  {ctype} {name};" + (f"  // {doc}" if doc else "") for name, ctype, _, doc in _PARAMS)
     attributes = ", ".join(attribute for _, attribute in _DEVICE_ATTRIBUTES)
@@ -1955,13 +2082,15 @@ def _cuda_source(options=False):
 
 
 def _workspace_layout(plan, rows):
-    """Byte offsets of the exact sum and the segment partials, and the bytes in all. The counters
-    fill the first 16 bytes (CTAs arrived, chunks claimed, rows ignored: 64-bit), the exact sum's
-    words the next 80 (16-byte loads), and split rows have an (m, s, x_t) partial per segment."""
+    """Byte offsets of the exact sum, the weights' exact sum and the segment partials, and the bytes
+    in all. The counters fill the first 16 bytes (CTAs arrived, chunks claimed, rows ignored:
+    64-bit), each exact sum's words the next 80 (16-byte loads), and split rows have an (m, s, x_t)
+    partial per segment."""
     exact_off = 16
-    seg_off = exact_off + 8 * _EXACT_WORDS
+    weight_off = exact_off + 8 * _EXACT_WORDS
+    seg_off = weight_off + 8 * _EXACT_WORDS
     seg_bytes = 16 * rows * plan.splits if plan.splits > 1 else 0
-    return exact_off, seg_off, seg_off + seg_bytes
+    return exact_off, weight_off, seg_off, seg_off + seg_bytes
 
 
 # =============================================================================================
@@ -2104,7 +2233,7 @@ def _first_bad_target(targets, cols, ignore_index):
 # 90 us queued ahead of both: host work that outlasts the flush shows in the time ("Build and host
 # time"). So the dispatch reads each tensor attribute once, plans once per problem (_plan_on), and
 # asks torch for the raw stream handle.
-def _cross_entropy(logits, targets, ignore_index=_IGNORE_INDEX, reduction="mean", check_targets=False):
+def _cross_entropy(logits, targets, options, check_targets=False):
     _check_inputs(logits, targets)
     unbatched = logits.dim() == 1
     if unbatched:
@@ -2112,19 +2241,24 @@ def _cross_entropy(logits, targets, ignore_index=_IGNORE_INDEX, reduction="mean"
     if logits.stride(1) != 1 and logits.shape[1] > 1:
         logits = logits.contiguous()  # the kernels stream along rows; columns must be adjacent
     rows, cols = logits.shape
+    weight = options.weight
+    if weight is not None:
+        weight = _check_weight(weight, logits)
     if check_targets:
-        _first_bad_target(targets, cols, ignore_index)
+        _first_bad_target(targets, cols, options.ignore_index)
     index, row_stride, logits_ptr, elem_bytes = logits.get_device(), logits.stride(0), logits.data_ptr(), logits.element_size()
-    plan = _plan_on(index, rows, cols, row_stride, elem_bytes, logits_ptr % 16)
-    exact_off, seg_off, nbytes = _workspace_layout(plan, rows)
+    plan = _plan_on(index, rows, cols, row_stride, elem_bytes, logits_ptr % 16, weight is not None)
+    exact_off, weight_off, seg_off, nbytes = _workspace_layout(plan, rows)
     stream = _current_stream(index)
     # Held until the launch: inside graph capture it is not cached, and a buffer freed there would be
     # handed to the next allocation of the capture.
     ws = _workspace(index, stream, nbytes)
     base = ws.data_ptr()
+    reduction = options.reduction
     # reduction none: a loss per row, which the kernel writes instead of the result
     out = torch.empty(() if reduction != "none" else (rows,), dtype=logits.dtype, device=logits.device)
     out_ptr = out.data_ptr()
+    lse = torch.empty(rows, dtype=torch.float32, device=logits.device) if options.return_lse else None
     params = _Params(
         logits=logits_ptr, targets=targets.data_ptr(), out=out_ptr, counter=base, ignored_rows=base + 8,
         exact=base + exact_off, seg_partials=base + seg_off, rows=rows, cols=cols, row_stride=row_stride,
@@ -2133,45 +2267,93 @@ def _cross_entropy(logits, targets, ignore_index=_IGNORE_INDEX, reduction="mean"
         tile_rows=plan.tile_rows, target_bytes=targets.element_size(), family=plan.family, sweeps=plan.sweeps,
         batch_rows=plan.batch_rows, dtype=_DTYPE_CODES[logits.dtype], grid=plan.grid, device=index,
         lead_256=plan.lead_256, evict_first=plan.evict_first, stream=stream,
-        ignore_index=ignore_index, reduction=_REDUCTIONS[reduction], losses=out_ptr if reduction == "none" else 0)
-    default = ignore_index == _IGNORE_INDEX and reduction == "mean"
-    (_ext if default else _options_extension()).launch(_PARAMS_STRUCT.pack(*params))
-    return out.reshape(()) if unbatched and reduction == "none" else out
+        ignore_index=options.ignore_index, reduction=_REDUCTIONS[reduction],
+        losses=out_ptr if reduction == "none" else 0, weight=0 if weight is None else weight.data_ptr(),
+        weight_exact=base + weight_off, lse=0 if lse is None else lse.data_ptr(), z_loss=options.z_loss)
+    (_ext if options is _DEFAULTS else _options_extension()).launch(_PARAMS_STRUCT.pack(*params))
+    if unbatched and reduction == "none":
+        out = out.reshape(())
+    if lse is None:
+        return out
+    return out, lse.reshape(()) if unbatched else lse
 
 
-def _options(ignore_index, reduction):
-    """The options as the dispatch takes them, or the error PyTorch gives."""
+class _Options(NamedTuple):
+    """The options of a call, checked (_options). The defaults are KernelBench's problem, which the
+    default build runs; any other value, the options build."""
+    weight: object = None        # class weights: a tensor of C elements of the logits' dtype, or None
+    ignore_index: int = _IGNORE_INDEX
+    reduction: str = "mean"
+    z_loss: float = 0.0          # adds z_loss * lse**2 to each counted row's loss
+    return_lse: bool = False     # also return every row's log-sum-exp, in float32
+
+
+_DEFAULTS = _Options()
+
+
+def _options(weight=None, ignore_index=_IGNORE_INDEX, reduction="mean", z_loss=0.0, return_lse=False):
+    """The options as the dispatch takes them (_DEFAULTS itself where every one is the default), or
+    the error PyTorch gives."""
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{reduction} is not a valid value for reduction")
     if isinstance(ignore_index, bool) or not hasattr(ignore_index, "__index__"):
         raise TypeError(f"ignore_index must be an integer; got {ignore_index!r}")
     if not -2**63 <= operator.index(ignore_index) < 2**63:
         raise TypeError(f"ignore_index must be an int64 integer; got {ignore_index!r}")
-    return operator.index(ignore_index), reduction
+    if weight is not None and not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a tensor or None; got {type(weight).__name__}")
+    if isinstance(z_loss, bool) or not isinstance(z_loss, (int, float)) or not math.isfinite(z_loss):
+        raise ValueError(f"z_loss must be a finite number; got {z_loss!r}")
+    options = _Options(weight, operator.index(ignore_index), reduction, float(z_loss), bool(return_lse))
+    return _DEFAULTS if weight is None and options[1:] == _DEFAULTS[1:] else options
+
+
+def _check_weight(weight, logits):
+    """The class weights as the kernels read them, or PyTorch's error: C of the logits' dtype."""
+    cols = logits.shape[1]
+    if weight.dim() != 1 or weight.shape[0] != cols:
+        raise ValueError(f"weight tensor should be defined either for all {cols} classes or no classes but got "
+                         f"weight tensor of shape: {list(weight.shape)}")
+    if weight.dtype != logits.dtype:
+        raise TypeError(f"expected scalar type {logits.dtype} but found {weight.dtype} (weight)")
+    if weight.device != logits.device:
+        raise ValueError(f"weight is on {weight.device}, the logits on {logits.device}")
+    return weight.contiguous()
 
 
 def _check_targets_from_env():
     return os.environ.get("CROSS_ENTROPY_CHECK_TARGETS", "0") not in ("", "0")
 
 
-def cross_entropy(input, target, ignore_index=-100, reduction="mean"):
-    """PyTorch's cross_entropy(input, target, ignore_index=..., reduction=...) for logits of
-    shape (N, C) or (C,) and class-index targets, in one launch. reduction "none" gives a loss per
-    row in the logits' dtype (0 where the target is ignored); "sum" their sum; "mean" their mean over
-    the rows counted."""
-    ignore_index, reduction = _options(ignore_index, reduction)
-    return _cross_entropy(input, target, ignore_index, reduction, _check_targets_from_env())
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", *, z_loss=0.0, return_lse=False):
+    """PyTorch's cross_entropy(input, target, weight, ignore_index, reduction) for logits of shape
+    (N, C) or (C,) and class-index targets, in one launch. weight: a class weight per column, of the
+    logits' dtype; the mean then divides by the counted rows' weights. reduction "none" gives a loss
+    per row in the logits' dtype (0 where the target is ignored); "sum" their sum; "mean" their mean.
+    Beyond PyTorch: z_loss adds z_loss * lse**2 to each counted row's loss (lse: its log-sum-exp;
+    the mean divides as before), and return_lse=True returns (loss, lse), lse every row's
+    log-sum-exp in float32, ignored rows' too."""
+    options = _options(weight, ignore_index, reduction, z_loss, return_lse)
+    return _cross_entropy(input, target, options, _check_targets_from_env())
 
 
 class ModelNew(torch.nn.Module):
     """Cross-entropy over rows, computed by one fused CUDA kernel (forward only). With no arguments,
-    KernelBench's problem: the mean, ignore_index -100; ignore_index and reduction as PyTorch's
-    cross-entropy loss module takes them."""
+    KernelBench's problem: the mean, ignore_index -100. weight, ignore_index and reduction as PyTorch's
+    cross-entropy loss module takes them (weight is a buffer, moved with the module); z_loss as
+    cross_entropy takes it."""
 
-    def __init__(self, *, ignore_index=-100, reduction="mean", check_targets=None):
+    def __init__(self, weight=None, ignore_index=-100, reduction="mean", *, z_loss=0.0, check_targets=None):
         super().__init__()
-        self.ignore_index, self.reduction = _options(ignore_index, reduction)
+        self._options = _options(None, ignore_index, reduction, z_loss)  # checked once, PyTorch's errors
+        _options(weight)
+        self.register_buffer("weight", weight)  # read at each call: .to() and .cuda() move it
         self.check_targets = _check_targets_from_env() if check_targets is None else bool(check_targets)
 
+    ignore_index = property(lambda self: self._options.ignore_index)
+    reduction = property(lambda self: self._options.reduction)
+    z_loss = property(lambda self: self._options.z_loss)
+
     def forward(self, predictions, targets):
-        return _cross_entropy(predictions, targets, self.ignore_index, self.reduction, self.check_targets)
+        options = self._options if self.weight is None else self._options._replace(weight=self.weight)
+        return _cross_entropy(predictions, targets, options, self.check_targets)

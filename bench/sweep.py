@@ -2,12 +2,17 @@
 """Effective bandwidth of ModelNew, eager, torch.compile and a plain streaming read, over shapes.
 
     python bench/sweep.py [--shapes 32768x4096,16x256000] [--dtypes float32,bfloat16] [--out bench/results/h100_sweep]
+    python bench/sweep.py --options [--shapes ...] [--out bench/results/h100_options]
 
 Every figure is KernelBench's cuda_event method (3 warm-ups, 256 MB L2 flush before each trial,
 1 discarded + N timed trials, mean). Writes a table to stdout, OUT.json (a list of rows: N, C,
 dtype, impl, mean_ms, ...) and, where matplotlib is installed, OUT.png.
+--options: ModelNew with each set of OPTIONS (cross_entropy's options, the defaults first) beside
+the read of the same logits and eager PyTorch with the same options where PyTorch has them, at
+every sweep shape of 64 MiB or more; rows N, C, dtype, options, impl, mean_ms, floor_ms, correct.
 """
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -23,6 +28,13 @@ SHAPES = [(32768, 4096), (4096, 32000), (8192, 50257), (8192, 128256), (16, 2560
           (65536, 1000), (1, 4096), (4096, 129)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 IMPLS = ("model_new", "eager", "compile", "floor")
+# The options sweep: cross_entropy's keyword arguments by name ("weight": random class weights;
+# "ignore": that share of the targets set to -100). z_loss and the per-row lse are not PyTorch's.
+OPTIONS = {"defaults": {}, "sum": {"reduction": "sum"}, "none": {"reduction": "none"}, "ignore 10%": {"ignore": 0.1},
+           "weight": {"weight": True}, "weight, none, ignore 10%": {"weight": True, "reduction": "none", "ignore": 0.1},
+           "z_loss": {"z_loss": 1e-4}, "lse": {"return_lse": True}}
+PYTORCH_OPTIONS = {"reduction", "weight", "ignore"}
+OPTIONS_MIN_BYTES = 64 << 20
 
 
 def reference_loss(x, t):
@@ -53,6 +65,71 @@ def measure(n, c, dtype_name, impls, trials, fns):
     del x, t
     torch.cuda.empty_cache()
     return rows
+
+
+def expected_loss(x, t, weight=None, reduction="mean", z_loss=0.0):
+    """float64 loss with cross_entropy's options (ignore_index -100), rows in blocks to bound memory."""
+    parts, divisor, block = [], 0.0, max(1, 2**24 // x.shape[1])
+    for r0 in range(0, x.shape[0], block):
+        xr, tr = x[r0:r0 + block].double(), t[r0:r0 + block]
+        lse = torch.logsumexp(xr, 1)
+        counted = tr != -100
+        w = weight.double()[tr.clamp(min=0)] if weight is not None else torch.ones_like(lse)
+        nll = lse - xr.gather(1, tr.clamp(min=0)[:, None])[:, 0]
+        parts.append(torch.where(counted, w * nll + z_loss * lse**2, 0.0))
+        divisor += torch.where(counted, w, 0.0).sum().item()
+    loss = torch.cat(parts)
+    return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.sum() / divisor
+
+
+def measure_options(n, c, dtype_name, trials, floor_fn):
+    """Rows for every set of OPTIONS on one fresh (n, c) input: ModelNew, the read, and eager."""
+    import model_new
+    dtype = DTYPES[dtype_name]
+    x = torch.randn(n, c, device="cuda").to(dtype)
+    t0 = torch.randint(0, c, (n,), device="cuda")
+    w = (torch.rand(c, device="cuda") + 0.5).to(dtype)
+    floor = run_eval.timing_stats(run_eval.time_cuda_event(floor_fn, [x], x.device, trials=trials))["mean_exact"]
+    rows = []
+    for name, opts in OPTIONS.items():
+        t = t0.masked_fill(torch.rand(n, device="cuda") < opts.get("ignore", 0.0), -100)
+        kwargs = {k: v for k, v in opts.items() if k != "ignore"}
+        if opts.get("weight"):
+            kwargs["weight"] = w
+        fns = {"model_new": functools.partial(model_new.cross_entropy, **kwargs)}
+        if set(opts) <= PYTORCH_OPTIONS:
+            fns["eager"] = functools.partial(torch.nn.functional.cross_entropy, **kwargs)
+        got = fns["model_new"](x, t)
+        loss = got[0] if opts.get("return_lse") else got
+        want = expected_loss(x, t, kwargs.get("weight"), kwargs.get("reduction", "mean"), kwargs.get("z_loss", 0.0))
+        correct = torch.allclose(loss.double(), want.to(dtype).double(), rtol=2e-2 if dtype != torch.float32 else 1e-4,
+                                 atol=1e-5)
+        for impl, fn in fns.items():
+            mean = run_eval.timing_stats(run_eval.time_cuda_event(fn, [x, t], x.device, trials=trials))["mean_exact"]
+            rows.append({"N": n, "C": c, "dtype": dtype_name, "options": name, "impl": impl, "mean_ms": mean,
+                         "floor_ms": floor, "fraction_of_floor": floor / mean, "correct": bool(correct)})
+    del x, t0
+    torch.cuda.empty_cache()
+    return rows
+
+
+def options_main(args, shapes):
+    rows = []
+    floor_fn = run_eval.stream_read_fn(torch.device("cuda"))
+    for n, c in shapes:
+        for d in args.dtypes.split(","):
+            if n * c * DTYPES[d].itemsize < OPTIONS_MIN_BYTES:
+                continue
+            new = measure_options(n, c, d, args.trials, floor_fn)
+            for r in new:
+                r.update(device=torch.cuda.get_device_name(), torch=torch.__version__)
+                print(f"  {n} x {c} {d:9s} {r['options']:26s} {r['impl']:9s} {r['mean_ms']:.4f} ms  "
+                      f"{100 * r['fraction_of_floor']:5.1f}% of the read  correct {r['correct']}", flush=True)
+            rows += new
+            if args.out:
+                with open(args.out + ".json", "w") as f:
+                    json.dump(rows, f, indent=1)
+    return 0 if all(r["correct"] for r in rows) else 1
 
 
 def table(rows):
@@ -104,6 +181,7 @@ def main(argv=None):
                     help="time every shape this many times and keep, per implementation, the pass with the lowest "
                          "mean (for hosts whose launch delays vary); compile is timed once")
     ap.add_argument("--plot-only", action="store_true", help="redraw OUT.png from OUT.json")
+    ap.add_argument("--options", action="store_true", help="the options sweep (OPTIONS), shapes of 64 MiB or more")
     args = ap.parse_args(argv)
     if args.plot_only:
         with open(args.out + ".json") as f:
@@ -112,12 +190,14 @@ def main(argv=None):
         return 0
 
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    if args.options:
+        return options_main(args, shapes)
     import model_new
     model = model_new.ModelNew()
     floor_fn = run_eval.stream_read_fn(torch.device("cuda"))
     device = torch.cuda.get_device_name()
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     rows = []
     fns = {"model_new": model, "eager": reference_loss, "floor": floor_fn}
     # torch.compile last, in a phase of its own: its background compile workers load the host

@@ -18,7 +18,8 @@ pytestmark = requires_cuda
 def test_exact_sum_is_the_same_in_any_schedule(model, monkeypatch, policy, rows, cols, dtype):
     """Chunks add their losses to the exact sum in whatever order CTAs finish them; any grid, so any
     schedule, must give the same bits, and every launch must leave the counters and the exact sum at
-    zero for the next. Row batches (fp32 and bf16), tiles of short rows, rows in registers."""
+    zero for the next; the weighted mean's two exact sums too. Row batches (fp32 and bf16), tiles of
+    short rows, rows in registers."""
     monkeypatch.setattr(model_new, "_workspaces", {})  # its own buffer, which is inspected
     x, t = logits(rows, cols, dtype), targets(rows, cols)
     t[::5] = -100
@@ -26,12 +27,16 @@ def test_exact_sum_is_the_same_in_any_schedule(model, monkeypatch, policy, rows,
     first = model(x, t)
     assert_matches(first, x, t)
     ws = model_new._workspaces[(0, torch.cuda.current_stream().cuda_stream)]
-    exact_off, _, _ = model_new._workspace_layout(plan, rows)
-    used = (exact_off + 8 * model_new._EXACT_WORDS) // 4
+    w = (torch.rand(cols, device="cuda") + 0.1).to(dtype)
+    first_weighted = model_new.cross_entropy(x, t, w)
+    exact_off, weight_off, _, _ = model_new._workspace_layout(plan, rows)
+    used = (weight_off + 8 * model_new._EXACT_WORDS) // 4
     for grid in (2, 3, 37, plan.grid // 2, plan.grid):
         policy("_plan_on", lambda *_: plan._replace(grid=grid))
         for _ in range(2):
             assert torch.equal(model(x, t), first), grid
+            assert not ws[:used].any()
+            assert torch.equal(model_new.cross_entropy(x, t, w), first_weighted), grid
             assert not ws[:used].any()
 
 

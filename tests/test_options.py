@@ -1,7 +1,9 @@
-"""PyTorch's options ignore_index and reduction ("mean", "sum", "none"), through ModelNew and
-cross_entropy: the options build (kOptions) in every kernel family, against float64. On the CPU,
-the API's checks and the options build's boundary."""
+"""PyTorch's options weight, ignore_index and reduction ("mean", "sum", "none"), and z_loss and the
+per-row log-sum-exp beyond them, through ModelNew and cross_entropy: the options build (kOptions)
+in every kernel family, against float64. On the CPU, the API's checks, the float64 reference
+against PyTorch's own, and the options build's boundary."""
 import inspect
+import math
 
 import pytest
 import torch
@@ -19,10 +21,34 @@ IGNORE_INDICES = [-100, 3, -1, 2**40]
 
 # ------------------------------------------------------------------ the API (CPU)
 def test_the_signatures_are_pytorchs():
-    assert list(inspect.signature(model_new.cross_entropy).parameters) == ["input", "target", "ignore_index",
-                                                                           "reduction"]
+    """PyTorch's parameters in PyTorch's order (less the deprecated size_average and reduce), then
+    ours, by keyword only."""
+    params = inspect.signature(model_new.cross_entropy).parameters
+    assert list(params) == ["input", "target", "weight", "ignore_index", "reduction", "z_loss", "return_lse"]
+    assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("z_loss", "return_lse"))
     defaults = {k: v.default for k, v in inspect.signature(model_new.ModelNew).parameters.items()}
-    assert defaults == {"ignore_index": -100, "reduction": "mean", "check_targets": None}
+    assert defaults == {"weight": None, "ignore_index": -100, "reduction": "mean", "z_loss": 0.0,
+                        "check_targets": None}
+
+
+def test_the_defaults_are_kernelbenchs_problem_and_anything_else_an_option():
+    assert model_new.ModelNew()._options is model_new._DEFAULTS
+    assert model_new._options() is model_new._DEFAULTS and model_new._options(ignore_index=-100) is model_new._DEFAULTS
+    for kwargs in [{"ignore_index": 0}, {"reduction": "sum"}, {"z_loss": 1e-4}, {"return_lse": True},
+                   {"weight": torch.ones(3)}]:
+        assert model_new._options(**kwargs) is not model_new._DEFAULTS, kwargs
+
+
+def test_modelnew_keeps_the_weight_as_a_buffer():
+    """As PyTorch's loss module: moved and saved with the module; the other options are fixed."""
+    w = torch.rand(5)
+    model = model_new.ModelNew(w, 3, "sum", z_loss=0.5)
+    assert model.weight is w and "weight" in dict(model.named_buffers()) and "weight" in model.state_dict()
+    assert (model.ignore_index, model.reduction, model.z_loss) == (3, "sum", 0.5)
+    assert model.to(torch.float64).weight.dtype == torch.float64
+    with pytest.raises(AttributeError):
+        model.reduction = "none"
+    assert model_new.ModelNew().weight is None and "weight" not in model_new.ModelNew().state_dict()
 
 
 def test_options_pytorch_rejects_raise_before_any_launch():
@@ -40,21 +66,57 @@ def test_options_pytorch_rejects_raise_before_any_launch():
         model_new.ModelNew(ignore_index=2**63)
     with pytest.raises(ValueError, match="not a valid value for reduction"):
         model_new.cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), reduction="avg")
+    with pytest.raises(TypeError, match="weight must be a tensor or None; got list"):
+        model_new.ModelNew(weight=[1.0, 2.0])
+    for z in [math.inf, math.nan, "0.1", True]:
+        with pytest.raises(ValueError, match="z_loss must be a finite number"):
+            model_new.cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), z_loss=z)
+
+
+def expected(x, t, ignore_index=-100, reduction="mean", weight=None, z_loss=0.0):
+    """The loss in float64, written out: a counted row's loss is its class's weight (1 without
+    weights) times (lse - x_t), plus z_loss * lse**2; an ignored row's is 0; the mean divides the
+    sum by the counted rows' weights. Targets outside [0, C) give NaN in their row."""
+    x, t = x.double(), t.long()
+    if x.dim() == 1:
+        return expected(x[None], t[None], ignore_index, reduction, weight, z_loss)[0 if reduction == "none" else ...]
+    cols = x.shape[1]
+    lse = torch.logsumexp(x, 1) if cols else x.new_zeros(x.shape[0])
+    counted, bad = t != ignore_index, (t != ignore_index) & ((t < 0) | (t >= cols))
+    col = t.clamp(0, cols - 1)
+    w = weight.double()[col] if weight is not None else torch.ones_like(lse)
+    loss = (w * (lse - x.gather(1, col[:, None])[:, 0]) + z_loss * lse**2).masked_fill(bad, math.nan)
+    loss = torch.where(counted, loss, 0.0)
+    if reduction == "none":
+        return loss
+    return loss.sum() if reduction == "sum" else loss.sum() / torch.where(counted, w, 0.0).sum()
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("ignore_index", [-100, 2])
+def test_the_float64_reference_is_pytorchs(reduction, ignore_index):
+    x, t, w = torch.randn(40, 7, dtype=torch.float64), torch.randint(0, 7, (40,)), torch.rand(7, dtype=torch.float64)
+    t[::3] = ignore_index
+    for weight in [None, w]:
+        want = torch.nn.functional.cross_entropy(x, t, weight, ignore_index=ignore_index, reduction=reduction)
+        torch.testing.assert_close(expected(x, t, ignore_index, reduction, weight), want, rtol=1e-12, atol=1e-12)
+        want = torch.nn.functional.cross_entropy(x[0], t[1], weight, ignore_index=ignore_index, reduction=reduction)
+        torch.testing.assert_close(expected(x[0], t[1], ignore_index, reduction, weight), want, rtol=1e-12, atol=0)
+    lse = torch.logsumexp(x, 1)
+    ce = torch.nn.functional.cross_entropy(x, t, ignore_index=ignore_index, reduction="none")
+    torch.testing.assert_close(expected(x, t, ignore_index, "none", z_loss=0.25),
+                               torch.where(t != ignore_index, ce + 0.25 * lse**2, 0.0))
 
 
 def test_the_options_build_keeps_the_default_builds_fields_in_place():
-    """Its three fields come last, and only its source reads them (kOptions)."""
+    """Its fields come last, and only its source reads them (kOptions)."""
     names = [name for name, *_ in model_new._PARAMS]
-    assert names[-3:] == ["ignore_index", "reduction", "losses"]
+    assert names[-7:] == ["ignore_index", "reduction", "losses", "weight", "weight_exact", "lse", "z_loss"]
     assert "constexpr bool kOptions = false;" in model_new._cuda_source()
     assert "constexpr bool kOptions = true;" in model_new._cuda_source(options=True)
 
 
 # ------------------------------------------------------------------ on the GPU
-def expected(x, t, ignore_index, reduction):
-    return torch.nn.functional.cross_entropy(x.double(), t.long(), ignore_index=ignore_index, reduction=reduction)
-
-
 def assert_close(got, want, dtype):
     """got against float64's result rounded once to dtype (a 16-bit sum past the dtype's range is inf)."""
     assert got.shape == want.shape and got.dtype == dtype, (got.shape, want.shape, got.dtype)
@@ -75,7 +137,8 @@ def test_every_family_takes_the_options(dtype, reduction, ignore_index):
         if rows:
             t[::4] = ignore_index  # a quarter of the rows skipped
         assert_close(model(x, t), expected(x, t, ignore_index, reduction), dtype)
-        assert_close(model_new.cross_entropy(x, t, ignore_index, reduction), expected(x, t, ignore_index, reduction),
+        assert_close(model_new.cross_entropy(x, t, ignore_index=ignore_index, reduction=reduction),
+                     expected(x, t, ignore_index, reduction),
                      dtype)
 
 
@@ -86,7 +149,7 @@ def test_views_unbatched_input_and_int32_targets(reduction):
         for name, x in views(64, 1003, dtype):
             t = targets(x.shape[0], x.shape[1], torch.int32)
             t[5] = 7
-            assert_close(model_new.cross_entropy(x, t, 7, reduction), expected(x, t, 7, reduction), dtype)
+            assert_close(model_new.cross_entropy(x, t, ignore_index=7, reduction=reduction), expected(x, t, 7, reduction), dtype)
         x, t = logits(1, 4096, dtype)[0], targets(1, 4096)[0]
         assert_close(model_new.cross_entropy(x, t, reduction=reduction), expected(x, t, -100, reduction), dtype)
 
@@ -97,9 +160,9 @@ def test_every_row_ignored():
     for rows, cols in SHAPES:
         x, t = logits(rows, cols, torch.float32), targets(rows, cols)
         t[:] = 5
-        assert torch.isnan(model_new.cross_entropy(x, t, 5, "mean"))
-        assert model_new.cross_entropy(x, t, 5, "sum").item() == 0
-        assert torch.equal(model_new.cross_entropy(x, t, 5, "none"), torch.zeros(x.shape[0], device="cuda"))
+        assert torch.isnan(model_new.cross_entropy(x, t, ignore_index=5))
+        assert model_new.cross_entropy(x, t, ignore_index=5, reduction="sum").item() == 0
+        assert torch.equal(model_new.cross_entropy(x, t, ignore_index=5, reduction="none"), torch.zeros(x.shape[0], device="cuda"))
 
 
 @requires_cuda
@@ -111,7 +174,7 @@ def test_int32_targets_compare_with_the_ignore_index_in_64_bits(ignore_index):
     if -2**31 <= ignore_index < 2**31:
         t[::4] = ignore_index
     want = expected(x, t.long(), ignore_index, "none")
-    assert_close(model_new.cross_entropy(x, t, ignore_index, "none"), want, torch.float32)
+    assert_close(model_new.cross_entropy(x, t, ignore_index=ignore_index, reduction="none"), want, torch.float32)
     t[1] = -100  # ignored only where ignore_index is -100
     model = model_new.ModelNew(ignore_index=ignore_index, reduction="sum", check_targets=True)
     if ignore_index == -100:
@@ -125,9 +188,9 @@ def test_int32_targets_compare_with_the_ignore_index_in_64_bits(ignore_index):
 def test_bad_targets_give_nan_in_their_row():
     x, t = logits(1000, 77, torch.float32), targets(1000, 77)
     t[10], t[20] = 77, -5
-    losses = model_new.cross_entropy(x, t, 3, "none")
+    losses = model_new.cross_entropy(x, t, ignore_index=3, reduction="none")
     assert torch.isnan(losses[10]) and torch.isnan(losses[20]) and torch.isfinite(losses).sum() == 998
-    assert torch.isnan(model_new.cross_entropy(x, t, 3, "sum"))
+    assert torch.isnan(model_new.cross_entropy(x, t, ignore_index=3, reduction="sum"))
     with pytest.raises(ValueError, match=r"targets\[10\] = 77 is outside \[0, 77\) and is not the ignore index 3"):
         model_new.ModelNew(ignore_index=3, reduction="sum", check_targets=True)(x, t)
 
@@ -142,3 +205,92 @@ def test_sum_is_deterministic_and_the_defaults_never_touch_the_options_build(mon
     for dtype in DTYPES.values():
         y = x.to(dtype)
         assert torch.isfinite(model_new.cross_entropy(y, t)) and torch.isfinite(model_new.ModelNew()(y, t))
+
+
+def class_weights(cols, dtype):
+    """Positive weights, a few of them 0 (rows of such a class count for nothing, divisor included)."""
+    w = torch.rand(cols, device="cuda") + 0.05
+    w[::7] = 0
+    return w.to(dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("ignore_index", [-100, 3])
+def test_every_family_takes_class_weights(dtype, reduction, ignore_index):
+    for rows, cols in SHAPES:
+        x, t, w = logits(rows, cols, dtype), targets(rows, cols), class_weights(cols, dtype)
+        if rows:
+            t[::4] = ignore_index
+        want = expected(x, t, ignore_index, reduction, w)
+        assert_close(model_new.ModelNew(w, ignore_index, reduction)(x, t), want, dtype)
+        assert_close(model_new.cross_entropy(x, t, w, ignore_index, reduction), want, dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_z_loss_and_every_rows_log_sum_exp(dtype, reduction):
+    """Every row's log-sum-exp in float32, ignored rows and bad targets too, with z_loss and weights."""
+    for rows, cols in SHAPES:
+        x, t = logits(rows, cols, dtype), targets(rows, cols)
+        if rows:
+            t[::4] = -100
+            t[1::9] = cols  # bad: NaN in its row, the sum and the mean
+        for weight in [None, class_weights(cols, dtype)]:
+            loss, lse = model_new.cross_entropy(x, t, weight, reduction=reduction, z_loss=1e-3, return_lse=True)
+            assert_close(loss, expected(x, t, -100, reduction, weight, 1e-3), dtype)
+            assert lse.dtype == torch.float32 and lse.shape == (rows,)
+            torch.testing.assert_close(lse.double(), torch.logsumexp(x.double(), 1), rtol=1e-6, atol=1e-6)
+        assert_close(model_new.ModelNew(reduction=reduction, z_loss=0.5)(x, t), expected(x, t, -100, reduction,
+                                                                                         z_loss=0.5), dtype)
+
+
+@requires_cuda
+def test_unbatched_input_and_views_with_every_option():
+    for dtype in DTYPES.values():
+        x, t, w = logits(1, 4096, dtype)[0], targets(1, 4096)[0], class_weights(4096, dtype)
+        for reduction in ["none", "sum", "mean"]:
+            loss, lse = model_new.cross_entropy(x, t, w, reduction=reduction, z_loss=0.1, return_lse=True)
+            assert_close(loss, expected(x, t, -100, reduction, w, 0.1), dtype)
+            assert lse.shape == () and abs(lse.item() - torch.logsumexp(x.double(), 0).item()) < 1e-5
+        for name, v in views(64, 1003, dtype):
+            t, w = targets(64, 1003, torch.int32), class_weights(1003, dtype)
+            assert_close(model_new.cross_entropy(v, t, w, z_loss=0.1), expected(v, t, -100, "mean", w, 0.1), dtype)
+
+
+@requires_cuda
+def test_weighted_mean_edge_cases():
+    """A lone row whose class weighs 0 and a batch whose counted rows all do: 0 / 0 = NaN, as in
+    PyTorch; every row ignored: NaN mean, 0 sum."""
+    for rows, cols in [(1, 4096), (1000, 10), (64, 5000), (16, 256000)]:
+        x, t, w = logits(rows, cols, torch.float32), targets(rows, cols), class_weights(cols, torch.float32)
+        t[:] = 7  # weight 0
+        assert torch.isnan(model_new.cross_entropy(x, t, w))
+        assert model_new.cross_entropy(x, t, w, reduction="sum").item() == 0
+        t[:] = -100
+        assert torch.isnan(model_new.cross_entropy(x, t, w)) and model_new.cross_entropy(x, t, w, reduction="sum") == 0
+
+
+@requires_cuda
+def test_weighted_mean_is_deterministic():
+    """The weights' sum is exact, as the losses' is: the same bits every run, whatever the schedule."""
+    for rows, cols in [(4096, 32000), (16, 256000), (1000000, 10), (4000, 4096)]:
+        x, t, w = logits(rows, cols, torch.bfloat16), targets(rows, cols), class_weights(cols, torch.bfloat16)
+        first = model_new.cross_entropy(x.float(), t, w.float(), z_loss=1e-4)
+        assert all(torch.equal(first, model_new.cross_entropy(x.float(), t, w.float(), z_loss=1e-4)) for _ in range(5))
+
+
+@requires_cuda
+def test_weights_pytorch_rejects_raise_and_the_gpu_carries_on():
+    x, t = logits(8, 5, torch.bfloat16), targets(8, 5)
+    with pytest.raises(TypeError, match="expected scalar type torch.bfloat16 but found torch.float32"):
+        model_new.cross_entropy(x, t, torch.ones(5, device="cuda"))
+    with pytest.raises(ValueError, match=r"weight tensor should be defined either for all 5 classes or no classes "
+                                         r"but got weight tensor of shape: \[5, 1\]"):
+        model_new.cross_entropy(x, t, torch.ones(5, 1, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="weight is on cpu"):
+        model_new.cross_entropy(x, t, torch.ones(5, dtype=torch.bfloat16))
+    w = torch.ones(10, device="cuda", dtype=torch.bfloat16)[::2]  # a view with a stride: copied
+    assert_close(model_new.cross_entropy(x, t, w), expected(x, t, weight=w), torch.bfloat16)

@@ -51,6 +51,31 @@ def test_the_family_is_the_first_that_takes_the_problem():
         assert got == family, (rows, cols, stride, elem_bytes, offset, FAMILIES[got])
 
 
+@pytest.mark.parametrize("rows, cols", SHAPES)
+@pytest.mark.parametrize("elem_bytes", [4, 2])
+def test_class_weights_take_rows_in_registers_where_row_batches_would_and_fit_a_tiles_table(rows, cols, elem_bytes):
+    """Weighted, the plan is the same but for row batches, whose merge would wait for each row's
+    weight ("Options"): rows in registers take those. Tiles hold every class's weight in shared
+    memory, so every row a tile takes fits that table."""
+    unweighted = model_new._plan(rows, cols, cols, elem_bytes, H100)
+    weighted = model_new._plan(rows, cols, cols, elem_bytes, H100, weighted=True)
+    if unweighted.family == model_new._ROW_BATCHES:
+        assert weighted.family == model_new._ROWS
+        assert weighted == model_new._shape(model_new._ROWS, rows, cols, cols, elem_bytes, H100, 0, weighted.evict_first)
+    else:
+        assert weighted == unweighted
+    if unweighted.family == model_new._TILES:
+        assert cols * elem_bytes <= model_new._OPTIONS_SHARED_BYTES[model_new._TILES]
+
+
+def test_tiles_never_take_rows_longer_than_their_class_weight_table():
+    for cols in range(1, 3000, 7):
+        for stride in (cols, cols + 3):
+            for elem_bytes in (4, 2):
+                if model_new._tile_fit(100000, cols, stride, elem_bytes):
+                    assert cols * elem_bytes <= model_new._TILE_BYTES // model_new._TILE_MIN_ROWS, (cols, stride)
+
+
 @pytest.mark.parametrize("elem_bytes", [4, 2])
 def test_the_gpu_test_shapes_take_the_path_they_test(elem_bytes):
     """cases.PATHS names a shape for each kernel the policy can choose; each takes it, in every dtype."""
@@ -152,8 +177,9 @@ def test_plan_on_reads_the_device_and_caches(monkeypatch):
 @pytest.mark.parametrize("rows, cols", [(1, 3), (5, 4096), (70000, 3), (70000, 4096), (5, 300000), (32768, 4096)])
 def test_workspace_layouts_are_aligned(rows, cols):
     p = plan(rows, cols, 4, False)
-    exact_off, seg_off, nbytes = model_new._workspace_layout(p, rows)
-    # The counters first (16 bytes), then the exact sum's words, read 16 bytes at a time.
+    exact_off, weight_off, seg_off, nbytes = model_new._workspace_layout(p, rows)
+    # The counters first (16 bytes), then each exact sum's words, read 16 bytes at a time.
     assert exact_off == 16 and model_new._EXACT_WORDS % 2 == 0
-    assert seg_off >= exact_off + 8 * model_new._EXACT_WORDS and seg_off % 16 == 0
+    assert weight_off == exact_off + 8 * model_new._EXACT_WORDS and weight_off % 16 == 0
+    assert seg_off >= weight_off + 8 * model_new._EXACT_WORDS and seg_off % 16 == 0
     assert nbytes == seg_off + (16 * rows * p.splits if p.splits > 1 else 0)

@@ -127,3 +127,22 @@ def test_options_reach_the_reference_modelnew_and_the_inputs():
     assert torch.equal(opt["Model"]()(x[:64], t[:64]), expected)
     assert torch.equal(run_eval.with_options(ctx, "sum")["Model"]()(x[:64], t[:64]),
                        torch.nn.functional.cross_entropy(x[:64], t[:64], reduction="sum"))
+
+
+def test_weights_reach_both_models_as_init_inputs():
+    """--weight: the same class weights, drawn once, for the reference and ModelNew, which take them
+    as their first init input (nn.CrossEntropyLoss's order), so run_eval casts and moves them."""
+    ctx = run_eval.load_problem(REF, "import torch\nclass ModelNew(torch.nn.Module):\n"
+                                     "    def __init__(self, weight=None, reduction='mean'):\n"
+                                     "        super().__init__()\n        self.weight, self.reduction = weight, reduction\n")
+    opt = run_eval.with_options(ctx, "sum", weight=True)
+    (w,), (w2,) = opt["get_init_inputs"](), opt["get_init_inputs"]()
+    assert w.shape == (4096,) and torch.equal(w, w2) and 0.5 <= w.min() and w.max() < 1.5
+    assert opt["get_init_inputs"]()[0] is not w  # each caller may cast its own
+    new, ref = opt["ModelNew"](w), opt["Model"](w)
+    assert new.reduction == "sum" and torch.equal(new.weight, w) and torch.equal(ref.weight, w)
+    x, t = torch.randn(64, 4096), torch.randint(0, 4096, (64,))
+    assert torch.equal(ref(x, t), torch.nn.functional.cross_entropy(x, t, w, reduction="sum"))
+    assert ref.to(torch.bfloat16).weight.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="num_classes"):
+        run_eval.with_options({k: v for k, v in ctx.items() if k != "num_classes"}, weight=True)

@@ -34,3 +34,21 @@ def test_sweep_keeps_each_implementations_best_pass(tmp_path, monkeypatch):
     assert rows["compile"]["mean_ms"] == 1.0 and rows["compile"]["pass_means_ms"] == [1.0]
     assert os.path.exists(out + ".png")
     assert "4 x 5" in sweep.table(list(rows.values()))
+
+
+def test_the_options_sweeps_reference_is_pytorchs():
+    """expected_loss, which the options sweep checks ModelNew against, is PyTorch's loss in float64
+    (plus z_loss * lse**2 per counted row), block by block."""
+    import torch
+    x, t, w = torch.randn(300, 7), torch.randint(0, 7, (300,)), torch.rand(7)
+    t[::5] = -100
+    for reduction in ["none", "sum", "mean"]:
+        for weight in [None, w]:
+            want = torch.nn.functional.cross_entropy(x.double(), t, None if weight is None else weight.double(),
+                                                     reduction=reduction)
+            torch.testing.assert_close(sweep.expected_loss(x, t, weight, reduction), want)
+    lse = torch.logsumexp(x.double(), 1)
+    z = torch.where(t != -100, 0.5 * lse**2, 0.0)
+    torch.testing.assert_close(sweep.expected_loss(x, t, None, "none", 0.5),
+                               torch.nn.functional.cross_entropy(x.double(), t, reduction="none") + z)
+    assert set(sweep.OPTIONS["weight, none, ignore 10%"]) <= sweep.PYTORCH_OPTIONS and "defaults" in sweep.OPTIONS
