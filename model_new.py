@@ -3,8 +3,9 @@
 ModelNew()(logits, targets) equals PyTorch's cross_entropy(logits, targets) with its defaults
 (mean reduction, ignore_index -100) for float32, bfloat16 and float16 logits of shape (N, C) or
 (C,) and int64 or int32 class-index targets. The result is a 0-dim tensor of the logits' dtype.
-ModelNew(weight, ignore_index, reduction) and cross_entropy(input, target, weight, ignore_index,
-reduction) take those options as PyTorch does (class weights, reduction "mean", "sum" or "none"),
+ModelNew(weight, ignore_index, reduction, label_smoothing) and cross_entropy(input, target, weight,
+ignore_index, reduction, label_smoothing) take those options as PyTorch does (class weights,
+reduction "mean", "sum" or "none", label smoothing; not yet weights and label smoothing together),
 and beyond PyTorch z_loss (z_loss * lse**2 added per row) and return_lse (every row's
 log-sum-exp); they run in a second build of the same kernels, compiled on first use. The default
 build compiles at import for the GPU present, of compute capability 7.5 (T4) or newer.
@@ -68,10 +69,11 @@ _CUDA_SRC = r"""
 // Loads: the logits stream through plain 16-byte loads, or evict-first ones where they are at most
 // a few L2 sizes (the host's _evict_first); each kind has its own instances.
 //
-// Options (ignore_index, reduction sum or none, class weights, z-loss, every row's log-sum-exp) are
-// run-time fields of Params that only a second build of this source reads (kOptions true): each
-// row's loss passes through row_outcome, and a weighted mean divides by a second exact sum, the
-// counted rows' class weights. The default build compiles that code out.
+// Options (ignore_index, reduction sum or none, class weights, label smoothing, z-loss, every row's
+// log-sum-exp) are run-time fields of Params that only a second build of this source reads
+// (kOptions true): each row's loss passes through row_outcome, a weighted mean divides by a second
+// exact sum, the counted rows' class weights, and label smoothing sums each row's gaps from its max
+// beside its exps (Gap). The default build compiles that code out.
 //
 // The constants this source shares with the host (kThreads, kBatch, ...), the launch's parameter
 // block (struct Params) and the device attributes the host's policy reads are written ahead of it
@@ -415,6 +417,19 @@ __device__ __forceinline__ void lse_reduce_lanes(Lse& st, int width) {
   st = {m, lanes_sum(s, width)};
 }
 
+// Label smoothing adds (eps / C) * sum_j w_j (lse - x_j) to a row's loss (w_j: the class weights, 1
+// without). With lse = base + log(s), that is W log(s) + sum_j w_j (base - x_j): a Gap holds the
+// second sum and W = sum_j w_j over the values seen, against the state's base (safe_base of its
+// max), so that no large logit cancels another: a plain sum of the x_j loses the loss to rounding
+// once the logits share a large offset. rebase moves it to a new base; every weight 0: nothing seen.
+struct Gap {
+  float sum, weight;
+};
+__device__ __forceinline__ Gap gap_rebase(Gap g, float from, float to) {
+  return {g.weight == 0.f ? g.sum : fmaf(g.weight, to - from, g.sum), g.weight};
+}
+__device__ __forceinline__ Gap gap_lanes_sum(Gap g, int width) { return {lanes_sum(g.sum, width), lanes_sum(g.weight, width)}; }
+
 // A loss sum and the mean's divisor (the rows counted, or their classes' weights). Summed together,
 // so the final reduction costs one round of the CTA.
 struct Total {
@@ -583,6 +598,9 @@ __device__ __forceinline__ double exact_sum(unsigned long long* acc) {
 // rather than by the rows counted.
 __device__ __forceinline__ bool weighted(const Params& p) { return kOptions && p.weight != nullptr; }
 
+// Whether rows add label smoothing's term (the options build, eps > 0): a Gap per row.
+__device__ __forceinline__ bool smoothing(const Params& p) { return kOptions && p.label_smoothing != 0.f; }
+
 // A chunk's sums in shared memory, a slot per warp: the losses', and where weighted the weights'.
 constexpr int kChunkSums = kOptions ? 2 * kWarps : kWarps;
 
@@ -705,14 +723,18 @@ __device__ __forceinline__ float copied_class_weight(const uint32_t* slot, const
 
 // A row's loss from its (m, s), its target's code (target_code's, or target_kind's where the column
 // is not needed) and its target logit: PyTorch's, NaN for a bad target. The options build applies
-// the row's options: times its class's weight (class_weight's), plus z_loss * lse^2, and stores
-// what is asked per row: its loss for reduction none (0 where ignored), its log-sum-exp.
+// the row's options: times its class's weight (class_weight's), label smoothing (from the row's
+// Gap), plus z_loss * lse^2, and stores what is asked per row: its loss for reduction none (0 where
+// ignored), its log-sum-exp.
 template <class E>
 __device__ __forceinline__ float row_outcome(const Params& p, long long row, long long code, Lse st, float x_t,
-                                             float weight) {
+                                             float weight, Gap gap = {0.f, 0.f}) {
   if constexpr (!kOptions) return code >= 0 ? row_loss(st, x_t) : __int_as_float(0x7fc00000);
   const float log_s = logf(st.s);
   float loss = code >= 0 ? weight * (log_s - (x_t - st.m)) : __int_as_float(0x7fc00000);  // weight 1 without weights
+  if (smoothing(p) && code >= 0) {
+    loss = fmaf(1.f - p.label_smoothing, loss, p.smoothing_per_class * fmaf(gap.weight, log_s, gap.sum));
+  }
   if (p.z_loss != 0.f || p.lse) {
     const float lse = st.m + log_s;
     if (code >= 0 && p.z_loss != 0.f) loss = fmaf(p.z_loss * lse, lse, loss);  // guarded: 0 * inf would be NaN
@@ -793,9 +815,60 @@ __device__ __forceinline__ typename E::Storage load_first_edge(const typename E:
   if (lane < at.nedge) edge = __ldg(seg + edge_element<E>(at.cut, lane));
   return edge;
 }
+// Label smoothing (the options build, without class weights): a thread's Gap of its share of an
+// item, held in its slot of shared memory, so that the row's loop keeps no register for it (rows
+// in registers have none to spare: "Options"). Values arrive a batch or an edge at a time; each
+// arrival rebases the slot from the state's base before it to the base after it, and adds the
+// arrivals' gaps. Only the evict-first instances take label smoothing (`enabled`; the host's
+// _evict_first): with plain loads, the row's loop spilled even so.
+__shared__ float2 item_gap_slots[kOptions ? kThreads : 1];
+
+struct ItemGaps {
+  const Params& p;
+  bool enabled;
+
+  __device__ __forceinline__ bool on() const { return enabled && smoothing(p); }
+  __device__ __forceinline__ Gap held() const {
+    const float2 g = item_gap_slots[threadIdx.x];
+    return {g.x, g.y};
+  }
+  __device__ __forceinline__ void clear() const {
+    if (on()) item_gap_slots[threadIdx.x] = make_float2(0.f, 0.f);
+  }
+  // n values arrived, their gaps from `base` summing to `sum`; the slot's were from old_base.
+  __device__ __forceinline__ void add(float old_base, float base, float sum, float n) const {
+    const Gap h = gap_rebase(held(), old_base, base);
+    item_gap_slots[threadIdx.x] = make_float2(h.sum + sum, h.weight + n);
+  }
+};
+
+// lse_add_batch with label smoothing's gaps of vectors first <= u < nvalid (the others are -inf:
+// past the row, or before it), in one pass: each element's x - base feeds its exp and the gaps at
+// once, and the slot is rebased and added to once. A second pass over the batch kept every
+// unpacked element in registers, and spilled.
+template <class E>
+__device__ __forceinline__ Lse lse_add_batch_gaps(Lse st, const uint4 (&buf)[kBatch], int first, int nvalid,
+                                                  const ItemGaps& gaps) {
+  const float m = fmaxf(st.m, vectors_max<E>(buf));
+  const float base = safe_base(m), old_base = safe_base(st.m);
+  float s = st.s * exp2_approx((st.m - base) * kLog2e), s1 = 0.f, d = 0.f;
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u)
+    if (u < nvalid)
+#pragma unroll
+      for (int i = 0; i < E::kPerVec; i += 2) {
+        const float t0 = E::at(buf[u], i) - base, t1 = E::at(buf[u], i + 1) - base;
+        s += exp2_approx(t0 * kLog2e);
+        s1 += exp2_approx(t1 * kLog2e);
+        if (u >= first) d += t0 + t1;
+      }
+  gaps.add(old_base, base, -d, float((nvalid - first) * E::kPerVec));
+  return {m, s + s1};
+}
+
 template <class E>
 __device__ __forceinline__ Lse other_edges_lse(const typename E::Storage* seg, const ItemLayout& at, int lane, int group,
-                                               const TargetPlace& t, float& x_t) {
+                                               const TargetPlace& t, float& x_t, const ItemGaps& gaps) {
   constexpr int kMore = 2 * (E::kPerVec - 1) - 1;  // edges a lane may hold past its first
   float x[kMore];
 #pragma unroll
@@ -812,6 +885,16 @@ __device__ __forceinline__ Lse other_edges_lse(const typename E::Storage* seg, c
 #pragma unroll
   for (int k = 0; k < kMore; ++k)
     if ((k + 1) * group < at.nedge) s += exp2_approx((x[k] - base) * kLog2e);  // -inf adds exp(-inf) = 0
+  if (gaps.on()) {  // the slot is empty: these are the first values
+    float sum = 0.f, n = 0.f;
+#pragma unroll
+    for (int k = 0; k < kMore; ++k)
+      if ((k + 1) * group < at.nedge && lane + (k + 1) * group < at.nedge) {
+        sum += base - x[k];
+        n += 1.f;
+      }
+    gaps.add(base, base, sum, n);
+  }
   return {m, s};
 }
 // A last batch of at most kShortTail vectors a lane costs the group a whole round trip for a few
@@ -858,18 +941,29 @@ struct ShortTail {
 // at full speed wherever rows are aligned.
 template <class E, bool kEvictFirst, bool kLead256>
 __device__ __forceinline__ Lse item_lse(const typename E::Storage* seg, int len, int lane, int group, int tcol,
-                                        uint4* tail_slots, float& x_t, int& t_lane) {
+                                        uint4* tail_slots, float& x_t, int& t_lane, const ItemGaps& gaps) {
   Lse st = {-INFINITY, 0.f};
   const ItemLayout at = item_layout<E, kLead256>(seg, len, group);
   TargetPlace t = place_target<E>(at, tcol, group);
   t_lane = t.lane;
+  gaps.clear();
   // The edges: this lane's first waits as loaded until the first batch's loads are out (fold_edge).
   const typename E::Storage edge = load_first_edge<E>(seg, at, lane);
-  if (at.nedge > group) st = other_edges_lse<E>(seg, at, lane, group, t, x_t);
+  if (at.nedge > group) st = other_edges_lse<E>(seg, at, lane, group, t, x_t, gaps);
   auto fold_edge = [&] {
-    const float x = E::value(edge);
+    const float x = E::value(edge), old_base = safe_base(st.m);
     if (lane == t.edge) x_t = x;
     st = lse_merge(st, {x, 1.f});  // exp(x - x) = 1; for x = -inf it adds 0, NaN and +inf give NaN
+    if (gaps.on() && lane < at.nedge) gaps.add(old_base, safe_base(st.m), safe_base(st.m) - x, 1.f);
+  };
+  // A batch folded into (m, s), and into the gaps: vectors first <= u < nvalid of it are the body's.
+  // The last batch skips its missing vectors' exps (last); the others' read as -inf, adding 0.
+  auto add_batch = [&](const uint4 (&b)[kBatch], int first, int nvalid, bool last) {
+    if (!gaps.on()) {
+      st = last ? lse_add_batch<E>(st, b, nvalid) : lse_add_batch<E>(st, b);
+      return;
+    }
+    st = lse_add_batch_gaps<E>(st, b, first, min(nvalid, kBatch), gaps);
   };
 
   const uint4* body = reinterpret_cast<const uint4*>(seg + at.cut.head) - at.lead;
@@ -892,7 +986,8 @@ __device__ __forceinline__ Lse item_lse(const typename E::Storage* seg, int len,
     tail.ride(0, body, tail_slots, lane, group, end);
     if (at.nedge > 0) fold_edge();
     pick_target<E>(buf, t, x_t);
-    st = lse_add_batch<E>(st, buf);
+    add_batch(buf, at.lead > v0 ? (at.lead - v0 + group - 1) >> group_shift : 0, (end - v0 + group - 1) >> group_shift,
+              false);
     v0 += kBatch * group;
     t.u -= kBatch;
   } else if (at.nedge > 0) {
@@ -908,7 +1003,7 @@ __device__ __forceinline__ Lse item_lse(const typename E::Storage* seg, int len,
     for (int u = 0; u < kBatch; ++u) buf[u] = load_vec<kEvictFirst>(body + v0 + u * group);
     tail.ride(v0 - lane, body, tail_slots, lane, group, end);
     pick_target<E>(buf, t, x_t);
-    st = lse_add_batch<E>(st, buf);
+    add_batch(buf, 0, kBatch, false);
   }
   // The last batch, partial in some lane of the warp: missing vectors read as -inf, which adds nothing.
   if (v0 < end) {
@@ -920,26 +1015,34 @@ __device__ __forceinline__ Lse item_lse(const typename E::Storage* seg, int len,
       for (int u = 0; u < kBatch; ++u) buf[u] = u < nvalid ? load_vec<kEvictFirst>(body + v0 + u * group) : neg_inf;
     }
     pick_target<E>(buf, t, x_t);
-    st = lse_add_batch<E>(st, buf, nvalid);
+    add_batch(buf, 0, nvalid, true);
   }
   return st;
 }
 
-// The group's merged (m, s) and target logit, complete in its leader (lane 0). Groups of more than
-// a warp meet in shared memory (`state`: a slot per warp of the CTA): each warp leaves its own, and
-// the group's first warp merges them, lane w taking warp w's, in a butterfly of log2(warps) levels.
+// The group's merged (m, s) and target logit, complete in its leader (lane 0); with label smoothing
+// (smooth), its Gap too, each lane's rebased to the merged max. Groups of more than a warp
+// meet in shared memory (`state`, and `gap_state` for the gaps: a slot per warp of the CTA): each
+// warp leaves its own, and the group's first warp merges them, lane w taking warp w's, in a
+// butterfly of log2(warps) levels.
 __device__ __forceinline__ void group_merge(Lse& st, float& x_target, int t_lane, int group, int lane, int group_id,
-                                            float4* state) {
+                                            float4* state, bool smooth, Gap& gap, float2* gap_state) {
+  const float lane_base = safe_base(st.m);
   if (group <= 32) {
     lse_reduce_lanes(st, group);
     x_target = __shfl_sync(0xffffffffu, x_target, t_lane, group);
+    if (smooth) gap = gap_lanes_sum(gap_rebase(gap, lane_base, safe_base(st.m)), group);
     return;
   }
   lse_reduce_lanes(st, 32);
   // Each warp takes the value at the target's lane: 0 except in the warp that read it.
   x_target = __shfl_sync(0xffffffffu, x_target, t_lane & 31);
   const int warp = threadIdx.x >> 5, warps_per_group = group >> 5;
-  if ((threadIdx.x & 31) == 0) state[warp] = make_float4(st.m, st.s, x_target, 0.f);
+  if (smooth) gap = gap_lanes_sum(gap_rebase(gap, lane_base, safe_base(st.m)), 32);
+  if ((threadIdx.x & 31) == 0) {
+    state[warp] = make_float4(st.m, st.s, x_target, 0.f);
+    if (smooth) gap_state[warp] = make_float2(gap.sum, gap.weight);
+  }
   group_barrier(1 + group_id, group);
   if (lane < 32) {
     const int w = threadIdx.x & 31;
@@ -947,6 +1050,10 @@ __device__ __forceinline__ void group_merge(Lse& st, float& x_target, int t_lane
     st = {o.x, o.y};
     lse_reduce_lanes(st, warps_per_group);
     x_target = lanes_sum(o.z, warps_per_group);  // one warp's is the target logit, the rest +0
+    if (smooth) {
+      const float2 g = w < warps_per_group ? gap_state[warp + w] : make_float2(0.f, 0.f);
+      gap = gap_lanes_sum(gap_rebase({g.x, g.y}, safe_base(o.x), safe_base(st.m)), warps_per_group);
+    }
   }
 }
 
@@ -1012,6 +1119,7 @@ __device__ Total segments_total(const Params& p) {
 template <class E, class Target, bool kEvictFirst, bool kLead256>
 __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_rows_kernel(const Params p) {
   __shared__ float4 warp_state[2][kWarps];     // (m, s, target logit or 0, unused) per warp, by item parity
+  __shared__ float2 warp_gaps[2][kOptions ? kWarps : 1];  // label smoothing's Gap per warp, by item parity
   __shared__ float warp_sums[2][kChunkSums];   // loss (and weight) sums per warp, by chunk parity
   __shared__ long long claimed[2];             // the chunk after next, by chunk parity
   __shared__ Total final_scratch[kWarps];
@@ -1057,6 +1165,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_rows_ke
       Lse st = {-INFINITY, 0.f};
       float x_target = 0.f;  // in the lane that read it; stays 0 in segments without the target column
       int t_lane = 0;
+      Gap gap = {0.f, 0.f};  // label smoothing's, of the lane's share of the row
       if (leader && whole_rows) copy_class_weight<E>(weight_slots + (kOptions ? threadIdx.x : 0), p, target_code(p, target));
       // Ignored and out-of-range targets need no logits (the row is skipped or yields NaN), unless
       // every row's log-sum-exp is asked for.
@@ -1066,17 +1175,21 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_rows_ke
         const auto* seg = logits + row * p.row_stride + c0;
         const int len = int(min((long long)p.seg_len, p.cols - c0));
         const int tcol = target >= c0 && target < c0 + len ? int(target - c0) : -1;
-        st = item_lse<E, kEvictFirst, kLead256>(seg, len, lane, group, tcol, tail_vecs + threadIdx.x, x_target, t_lane);
+        const ItemGaps gaps = {p, kEvictFirst};
+        st = item_lse<E, kEvictFirst, kLead256>(seg, len, lane, group, tcol, tail_vecs + threadIdx.x, x_target, t_lane,
+                                                gaps);
+        if (gaps.on()) gap = gaps.held();
       }
 
-      group_merge(st, x_target, t_lane, group, lane, group_id, warp_state[item_parity]);
+      group_merge(st, x_target, t_lane, group, lane, group_id, warp_state[item_parity], kEvictFirst && smoothing(p), gap,
+                  warp_gaps[item_parity]);
       if (leader && item < p.items) {
         if (!whole_rows) {
           p.seg_partials[item] = make_float4(st.m, st.s, x_target, 0.f);
         } else {
           const long long code = target_code(p, target);
           const float weight = copied_class_weight<E>(weight_slots + (kOptions ? threadIdx.x : 0), p, code);
-          const float loss = row_outcome<E>(p, item, code, st, x_target, weight);
+          const float loss = row_outcome<E>(p, item, code, st, x_target, weight, gap);
           if (target == ignore_index(p)) {
             ++ignored;
           } else {
@@ -1182,8 +1295,9 @@ constexpr int kShortRowElems = 4 * E::kPerVec;
 // next tile's loads do. The row is elements [start, start + len) of the tile, whose slot 0 is
 // 16-byte aligned, so the row's cut at 16-byte boundaries follows from start alone. Rows of
 // kShortRowElems elements or more. Every lane of the warp must call it (len 0 for rows it skips).
-template <class E>
-__device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int len, int lane, int group) {
+// With label smoothing (kSmooth), the second sweep also sums base - x into gap, in every lane.
+template <class E, bool kSmooth>
+__device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int len, int lane, int group, float& gap) {
   const auto* elems = reinterpret_cast<const typename E::Storage*>(tile);
   // len is 0 (a row it skips, with no head either) or at least kShortRowElems.
   const int head = len < kShortRowElems<E> ? len : (-start) & (E::kPerVec - 1);
@@ -1203,6 +1317,7 @@ __device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int 
   m = lanes_max(m, group);
 
   const float base = safe_base(m);
+  float g = 0.f;
   float s = sum_exp(base, [&](auto exponent) {
     float s0 = 0.f, s1 = 0.f;
     for (const uint4* v = body + lane; v < end; v += group) {
@@ -1211,11 +1326,16 @@ __device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int 
       for (int i = 0; i < E::kPerVec; i += 2) {
         s0 += exp2_approx(exponent(E::at(q, i)));
         s1 += exp2_approx(exponent(E::at(q, i + 1)));
+        if (kSmooth) g += (base - E::at(q, i)) + (base - E::at(q, i + 1));
       }
     }
-    for (int k = lane; k < nedge; k += group) s0 += exp2_approx(exponent(edge(k)));
+    for (int k = lane; k < nedge; k += group) {
+      s0 += exp2_approx(exponent(edge(k)));
+      if (kSmooth) g += base - edge(k);
+    }
     return s0 + s1;
   });
+  if (kSmooth) gap = lanes_sum(g, group);
   return {m, lanes_sum(s, group)};
 }
 
@@ -1225,20 +1345,25 @@ __device__ __forceinline__ Lse row_lse_shared(const uint4* tile, int start, int 
 // 1, which the host gives tiles of many rows), so that the unrolled loop's trip count is len
 // itself; 0 for a group's lanes at a stride of `group`, known only at run time, whose trip count
 // costs an integer division per sweep ("Short rows").
-template <class E, int kStride>
-__device__ __forceinline__ Lse short_row_sweeps(const typename E::Storage* row, int len, int lane, int group) {
+template <class E, int kStride, bool kSmooth>
+__device__ __forceinline__ Lse short_row_sweeps(const typename E::Storage* row, int len, int lane, int group, float& gap) {
   const int first = kStride ? 0 : lane, stride = kStride ? kStride : group;
   float m = -INFINITY;
 #pragma unroll 4
   for (int k = first; k < len; k += stride) m = fmaxf(m, E::value(row[k]));
   m = lanes_max(m, stride);
   const float base = safe_base(m);
+  float g = 0.f;
   const float s = sum_exp(base, [&](auto exponent) {
     float s0 = 0.f;
 #pragma unroll 4
-    for (int k = first; k < len; k += stride) s0 += exp2_approx(exponent(E::value(row[k])));
+    for (int k = first; k < len; k += stride) {
+      s0 += exp2_approx(exponent(E::value(row[k])));
+      if (kSmooth) g += base - E::value(row[k]);
+    }
     return s0;
   });
+  if (kSmooth) gap = lanes_sum(g, stride);
   return {m, lanes_sum(s, stride)};
 }
 
@@ -1248,8 +1373,8 @@ __device__ __forceinline__ Lse short_row_sweeps(const typename E::Storage* row, 
 // the max sweep runs on the packed pairs (max.bf16x2, max.f16x2). Float32 rows of an even width are
 // also spared the bank conflicts of 4-byte loads: rows 10 words apart put two lanes of a warp on
 // each bank.
-template <class E>
-__device__ __forceinline__ Lse short_row_pair_sweeps(const typename E::Storage* row, int len) {
+template <class E, bool kSmooth>
+__device__ __forceinline__ Lse short_row_pair_sweeps(const typename E::Storage* row, int len, float& gap) {
   using Pair = typename E::Pair;
   const Pair* pairs = reinterpret_cast<const Pair*>(row);
   const int n = len >> 1;
@@ -1258,6 +1383,7 @@ __device__ __forceinline__ Lse short_row_pair_sweeps(const typename E::Storage* 
   for (int k = 0; k < n; ++k) mx = E::pair_max(mx, pairs[k]);
   const float m = E::word_max(mx);
   const float base = safe_base(m);
+  float g = 0.f;
   const float s = sum_exp(base, [&](auto exponent) {
     float s0 = 0.f, s1 = 0.f;
 #pragma unroll 4
@@ -1265,23 +1391,28 @@ __device__ __forceinline__ Lse short_row_pair_sweeps(const typename E::Storage* 
       const Pair w = pairs[k];
       s0 += exp2_approx(exponent(E::low(w)));
       s1 += exp2_approx(exponent(E::high(w)));
+      if (kSmooth) g += (base - E::low(w)) + (base - E::high(w));
     }
     return s0 + s1;
   });
+  if (kSmooth) gap = g;
   return {m, s};
 }
 
 // The (m, s) of the row at elements [start, start + len) of the tile, by kSweeps: rows of
 // kShortRowElems elements or more cut at 16-byte boundaries, shorter ones element by element (at a
-// stride of 1 where a thread takes whole rows) or in pairs. Every lane of the warp must call it
-// (len 0 for rows it skips).
-template <class E, int kSweeps>
-__device__ __forceinline__ Lse tile_row_lse(const uint4* vecs, int start, int len, int lane, int group) {
+// stride of 1 where a thread takes whole rows) or in pairs; with label smoothing (kSmooth), its
+// Gap, summed in the same sweep as the exps (a compile-time choice: a run-time one slowed the
+// options build's other calls). Every lane of the warp must call it (len 0 for rows it skips).
+template <class E, int kSweeps, bool kSmooth>
+__device__ __forceinline__ Lse tile_row_lse(const uint4* vecs, int start, int len, int lane, int group, Gap& gap) {
   const auto* row = reinterpret_cast<const typename E::Storage*>(vecs) + start;
-  if constexpr (kSweeps == kPairSweeps) return short_row_pair_sweeps<E>(row, len);
+  gap = {0.f, float(len)};
+  if constexpr (kSweeps == kPairSweeps) return short_row_pair_sweeps<E, kSmooth>(row, len, gap.sum);
   else if constexpr (kSweeps == kElementSweeps)
-    return group == 1 ? short_row_sweeps<E, 1>(row, len, lane, group) : short_row_sweeps<E, 0>(row, len, lane, group);
-  else return row_lse_shared<E>(vecs, start, len, lane, group);
+    return group == 1 ? short_row_sweeps<E, 1, kSmooth>(row, len, lane, group, gap.sum)
+                      : short_row_sweeps<E, 0, kSmooth>(row, len, lane, group, gap.sum);
+  else return row_lse_shared<E, kSmooth>(vecs, start, len, lane, group, gap.sum);
 }
 
 // The rows of a tile in shared memory, a row per group at a time; leaders add their rows' losses
@@ -1302,11 +1433,13 @@ __device__ __forceinline__ void tile_loss(const Params& p, const TileSpan<E>& t,
     const int start = tile_index(t, r * int(p.row_stride));
     // Ignored rows and bad targets need no sum, unless every row's log-sum-exp is asked for.
     const int len = target >= 0 || (every_row(p) && r < t.rows) ? int(p.cols) : 0;
-    const Lse st = tile_row_lse<E, kSweeps>(vecs, start, len, lane, group);
+    Gap gap;
+    const Lse st = smoothing(p) ? tile_row_lse<E, kSweeps, true>(vecs, start, len, lane, group, gap)
+                                : tile_row_lse<E, kSweeps, false>(vecs, start, len, lane, group, gap);
     if (lane == 0 && r < t.rows) {
       const float weight = weighted(p) && target >= 0 ? E::value(weights[target]) : 1.f;
       const float loss = row_outcome<E>(p, t.row0 + r, target, st, target >= 0 ? E::value(elems[start + target]) : 0.f,
-                                        weight);
+                                        weight, gap);
       if (target == kTargetIgnored) {
         ++ignored;
       } else {
@@ -1721,7 +1854,7 @@ class _Gpu(NamedTuple):
 # Shared memory a CTA of each family holds, bytes: its largest array and at most 1 KB of small ones
 # (test_cuda_source holds these to what ptxas reports); rows in registers count segments_total's slab.
 # Both count the options build's class weights (_OPTIONS_SHARED_BYTES), which the default build lacks.
-_OPTIONS_SHARED_BYTES = {_ROWS: 4 * _THREADS, _TILES: _TILE_BYTES // _TILE_MIN_ROWS}
+_OPTIONS_SHARED_BYTES = {_ROWS: 12 * _THREADS, _TILES: _TILE_BYTES // _TILE_MIN_ROWS}
 _CTA_SHARED_BYTES = {
     _ROWS: 16 * _SHORT_TAIL * _THREADS + 16 * _SEG_SLAB + 4 * _THREADS + _OPTIONS_SHARED_BYTES[_ROWS] + 1024,
     _TILES: _TILE_BYTES + 32 + 4 * _THREADS * _TILE_TARGETS + _OPTIONS_SHARED_BYTES[_TILES] + 1024,
@@ -1767,24 +1900,29 @@ class _Plan(NamedTuple):
     batch_rows: int = 0  # row batches: rows per batch
 
 
-def _plan(rows, cols, row_stride, elem_bytes, gpu, offset=0, weighted=False):
+def _plan(rows, cols, row_stride, elem_bytes, gpu, offset=0, weighted=False, smoothed=False):
     """The launch plan for (rows, cols) logits of elem_bytes each, rows row_stride elements apart,
     the first one `offset` bytes past the 16-byte grid, on `gpu` (a _Gpu); `weighted`: with class
-    weights."""
-    family = _family(rows, cols, row_stride, elem_bytes, gpu, offset, weighted)
-    evict_first = _evict_first(family, rows * cols * elem_bytes, elem_bytes, gpu)
-    return _shape(family, rows, cols, row_stride, elem_bytes, gpu, offset, evict_first)
+    weights; `smoothed`: with label smoothing, which only tiles and whole rows in registers with
+    evict-first loads compute ("Options")."""
+    family = _family(rows, cols, row_stride, elem_bytes, gpu, offset, weighted, smoothed)
+    evict_first = _evict_first(family, rows * cols * elem_bytes, elem_bytes, gpu) or (smoothed and family == _ROWS)
+    return _shape(family, rows, cols, row_stride, elem_bytes, gpu, offset, evict_first, smoothed)
 
 
-def _family(rows, cols, row_stride, elem_bytes, gpu, offset, weighted=False):
+def _family(rows, cols, row_stride, elem_bytes, gpu, offset, weighted=False, smoothed=False):
     """The kernel family: the first of these that takes the problem.
 
-    one row      a lone row of up to 128 KB (sm_75: 64)                       "One row"
+    one row      a lone row of up to 128 KB (sm_75: 64), unsmoothed            "One row"
     row batches  1 or 2 rows fill the row-batch kernel's CTA batch (_batch_rows), "Rows that fill a CTA batch"
                  without class weights (each chunk's merge would wait for them) "Options"
+                 or label smoothing
     tiles        rows of at most an eighth of a tile, close together (_tile_fit) "Short rows"
     rows         the rest, in registers, split into segments where too few     "Long rows"
+                 (never with label smoothing)
     """
+    if smoothed:
+        return _TILES if _tile_fit(rows, cols, row_stride, elem_bytes) else _ROWS
     if rows == 1 and cols // (16 // elem_bytes) <= _one_row_threads(gpu) * _BATCH:
         return _ONE_ROW
     if not weighted and _batch_rows(rows, cols, row_stride, elem_bytes, gpu, offset):
@@ -1794,7 +1932,7 @@ def _family(rows, cols, row_stride, elem_bytes, gpu, offset, weighted=False):
     return _ROWS
 
 
-def _shape(family, rows, cols, row_stride, elem_bytes, gpu, offset, evict_first):
+def _shape(family, rows, cols, row_stride, elem_bytes, gpu, offset, evict_first, smoothed=False):
     """The family's launch shape, for the kind of load chosen (_evict_first)."""
     if family == _ONE_ROW:
         # One CTA of as many threads as hold a batch of the row each.
@@ -1806,7 +1944,7 @@ def _shape(family, rows, cols, row_stride, elem_bytes, gpu, offset, evict_first)
                      batch_rows=batch_rows)
     if family == _TILES:
         return _tile_shape(rows, cols, row_stride, elem_bytes, gpu, offset, evict_first)
-    return _row_shape(rows, cols, elem_bytes, gpu, evict_first)
+    return _row_shape(rows, cols, elem_bytes, gpu, evict_first, smoothed)
 
 
 def _pow2_at_least(x):
@@ -1893,10 +2031,10 @@ def _sweeps(cols, row_stride, elem_bytes, group, offset):
 
 
 # ---------------------------------------------------------------------------------- rows in registers
-def _row_shape(rows, cols, elem_bytes, gpu, evict_first):
+def _row_shape(rows, cols, elem_bytes, gpu, evict_first, smoothed=False):
     per_vec = 16 // elem_bytes
     max_grid = _max_grid(_ROWS, gpu)
-    splits, seg_len = _segments(rows, cols, per_vec, max_grid)
+    splits, seg_len = _segments(rows, cols, per_vec, max_grid, smoothed)
     group = _THREADS if splits > 1 else _row_group(rows, seg_len, per_vec, gpu, evict_first)
     # Chunks of one round each, claimed as CTAs finish them, balance the end of the stream. Where
     # a round is only a few KB (very short rows) the claim's barrier costs more than it balances:
@@ -1909,12 +2047,12 @@ def _row_shape(rows, cols, elem_bytes, gpu, evict_first):
                  _lead_256(group, lengths, per_vec, evict_first))
 
 
-def _segments(rows, cols, per_vec, max_grid):
+def _segments(rows, cols, per_vec, max_grid, whole=False):
     """Segments per row and their length. Fewer rows than CTAs: each row is cut so that every SM
     streams, as long as a segment still gives every thread of its CTA a full batch (shorter rows
-    are cheaper whole; "Long rows")."""
+    are cheaper whole; "Long rows"). `whole`: never cut (label smoothing, up to _MAX_SEG columns)."""
     splits = -(-cols // _MAX_SEG)
-    if 0 < rows < max_grid:
+    if 0 < rows < max_grid and not whole:
         splits = max(splits, min(max_grid // rows, -(-cols // per_vec) // (_BATCH * _THREADS), _SEG_SLAB))
     seg_len = -(-cols // splits)
     seg_len = -(-seg_len // per_vec) * per_vec  # whole vectors
@@ -2012,10 +2150,10 @@ def _gpu(device_index):
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan_on(device_index, rows, cols, row_stride, elem_bytes, offset, weighted=False):
+def _plan_on(device_index, rows, cols, row_stride, elem_bytes, offset, weighted=False, smoothed=False):
     """_plan on GPU device_index, cached: the host's time per call shows in KernelBench's timing
     (see _cross_entropy). A test that changes the policy clears it."""
-    return _plan(rows, cols, row_stride, elem_bytes, _gpu(device_index), offset, weighted)
+    return _plan(rows, cols, row_stride, elem_bytes, _gpu(device_index), offset, weighted, smoothed)
 
 
 # =============================================================================================
@@ -2060,6 +2198,8 @@ _PARAMS = (
     ("weight_exact", "unsigned long long*", "Q", "weighted: the counted rows' weights' exact sum"),
     ("lse", "float*", "Q", "every row's log-sum-exp; null: not asked for"),
     ("z_loss", "float", "f", "adds z_loss * lse^2 to each counted row's loss"),
+    ("label_smoothing", "float", "f", "eps: label smoothing's share of each row's loss"),
+    ("smoothing_per_class", "float", "f", "eps / C"),
 )
 _Params = namedtuple("_Params", [name for name, *_ in _PARAMS])
 _PARAMS_STRUCT = struct.Struct("@" + "".join(code for _, _, code, _ in _PARAMS) + "0q")  # padded as C pads
@@ -2247,7 +2387,10 @@ def _cross_entropy(logits, targets, options, check_targets=False):
     if check_targets:
         _first_bad_target(targets, cols, options.ignore_index)
     index, row_stride, logits_ptr, elem_bytes = logits.get_device(), logits.stride(0), logits.data_ptr(), logits.element_size()
-    plan = _plan_on(index, rows, cols, row_stride, elem_bytes, logits_ptr % 16, weight is not None)
+    smoothing = options.label_smoothing
+    if smoothing and cols > _MAX_SEG:
+        raise ValueError(f"label smoothing takes at most {_MAX_SEG} classes; got {cols}")
+    plan = _plan_on(index, rows, cols, row_stride, elem_bytes, logits_ptr % 16, weight is not None, smoothing != 0)
     exact_off, weight_off, seg_off, nbytes = _workspace_layout(plan, rows)
     stream = _current_stream(index)
     # Held until the launch: inside graph capture it is not cached, and a buffer freed there would be
@@ -2269,7 +2412,8 @@ def _cross_entropy(logits, targets, options, check_targets=False):
         lead_256=plan.lead_256, evict_first=plan.evict_first, stream=stream,
         ignore_index=options.ignore_index, reduction=_REDUCTIONS[reduction],
         losses=out_ptr if reduction == "none" else 0, weight=0 if weight is None else weight.data_ptr(),
-        weight_exact=base + weight_off, lse=0 if lse is None else lse.data_ptr(), z_loss=options.z_loss)
+        weight_exact=base + weight_off, lse=0 if lse is None else lse.data_ptr(), z_loss=options.z_loss,
+        label_smoothing=smoothing, smoothing_per_class=smoothing / cols)
     (_ext if options is _DEFAULTS else _options_extension()).launch(_PARAMS_STRUCT.pack(*params))
     if unbatched and reduction == "none":
         out = out.reshape(())
@@ -2286,12 +2430,14 @@ class _Options(NamedTuple):
     reduction: str = "mean"
     z_loss: float = 0.0          # adds z_loss * lse**2 to each counted row's loss
     return_lse: bool = False     # also return every row's log-sum-exp, in float32
+    label_smoothing: float = 0.0
 
 
 _DEFAULTS = _Options()
 
 
-def _options(weight=None, ignore_index=_IGNORE_INDEX, reduction="mean", z_loss=0.0, return_lse=False):
+def _options(weight=None, ignore_index=_IGNORE_INDEX, reduction="mean", z_loss=0.0, return_lse=False,
+             label_smoothing=0.0):
     """The options as the dispatch takes them (_DEFAULTS itself where every one is the default), or
     the error PyTorch gives."""
     if reduction not in _REDUCTIONS:
@@ -2304,7 +2450,12 @@ def _options(weight=None, ignore_index=_IGNORE_INDEX, reduction="mean", z_loss=0
         raise TypeError(f"weight must be a tensor or None; got {type(weight).__name__}")
     if isinstance(z_loss, bool) or not isinstance(z_loss, (int, float)) or not math.isfinite(z_loss):
         raise ValueError(f"z_loss must be a finite number; got {z_loss!r}")
-    options = _Options(weight, operator.index(ignore_index), reduction, float(z_loss), bool(return_lse))
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) or not 0 <= label_smoothing <= 1:
+        raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    if label_smoothing and weight is not None:
+        raise NotImplementedError("label_smoothing with class weights is not supported yet")
+    options = _Options(weight, operator.index(ignore_index), reduction, float(z_loss), bool(return_lse),
+                       float(label_smoothing))
     return _DEFAULTS if weight is None and options[1:] == _DEFAULTS[1:] else options
 
 
@@ -2325,34 +2476,40 @@ def _check_targets_from_env():
     return os.environ.get("CROSS_ENTROPY_CHECK_TARGETS", "0") not in ("", "0")
 
 
-def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", *, z_loss=0.0, return_lse=False):
-    """PyTorch's cross_entropy(input, target, weight, ignore_index, reduction) for logits of shape
-    (N, C) or (C,) and class-index targets, in one launch. weight: a class weight per column, of the
-    logits' dtype; the mean then divides by the counted rows' weights. reduction "none" gives a loss
-    per row in the logits' dtype (0 where the target is ignored); "sum" their sum; "mean" their mean.
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, z_loss=0.0,
+                  return_lse=False):
+    """PyTorch's cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing) for
+    logits of shape (N, C) or (C,) and class-index targets, in one launch. weight: a class weight per
+    column, of the logits' dtype; the mean then divides by the counted rows' weights. reduction
+    "none" gives a loss per row in the logits' dtype (0 where the target is ignored); "sum" their
+    sum; "mean" their mean. label_smoothing (eps): each row's loss is (1 - eps) times its own plus
+    eps / C times the sum of -log_softmax over its classes (not yet with weights).
     Beyond PyTorch: z_loss adds z_loss * lse**2 to each counted row's loss (lse: its log-sum-exp;
     the mean divides as before), and return_lse=True returns (loss, lse), lse every row's
     log-sum-exp in float32, ignored rows' too."""
-    options = _options(weight, ignore_index, reduction, z_loss, return_lse)
+    options = _options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing)
     return _cross_entropy(input, target, options, _check_targets_from_env())
 
 
 class ModelNew(torch.nn.Module):
     """Cross-entropy over rows, computed by one fused CUDA kernel (forward only). With no arguments,
-    KernelBench's problem: the mean, ignore_index -100. weight, ignore_index and reduction as PyTorch's
-    cross-entropy loss module takes them (weight is a buffer, moved with the module); z_loss as
-    cross_entropy takes it."""
+    KernelBench's problem: the mean, ignore_index -100. weight, ignore_index, reduction and
+    label_smoothing as PyTorch's cross-entropy loss module takes them (weight is a buffer, moved with
+    the module); z_loss as cross_entropy takes it."""
 
-    def __init__(self, weight=None, ignore_index=-100, reduction="mean", *, z_loss=0.0, check_targets=None):
+    def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, z_loss=0.0,
+                 check_targets=None):
         super().__init__()
-        self._options = _options(None, ignore_index, reduction, z_loss)  # checked once, PyTorch's errors
-        _options(weight)
+        # Checked once, with PyTorch's errors.
+        self._options = _options(None, ignore_index, reduction, z_loss, label_smoothing=label_smoothing)
+        _options(weight, label_smoothing=label_smoothing)
         self.register_buffer("weight", weight)  # read at each call: .to() and .cuda() move it
         self.check_targets = _check_targets_from_env() if check_targets is None else bool(check_targets)
 
     ignore_index = property(lambda self: self._options.ignore_index)
     reduction = property(lambda self: self._options.reduction)
     z_loss = property(lambda self: self._options.z_loss)
+    label_smoothing = property(lambda self: self._options.label_smoothing)
 
     def forward(self, predictions, targets):
         options = self._options if self.weight is None else self._options._replace(weight=self.weight)

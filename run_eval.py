@@ -2,7 +2,7 @@
 """Check ModelNew against the reference and time both the way KernelBench does.
 
     python run_eval.py [--precision fp32|bf16|fp16] [--trials 100] [--json PATH]
-                       [--reduction mean|sum|none] [--ignore-fraction F] [--weight]
+                       [--reduction mean|sum|none] [--ignore-fraction F] [--weight] [--label-smoothing EPS]
 
 Loading: reference.py, then model_new.py, are exec'd into one namespace (as KernelBench's
 eval.py does), so the submission sees the reference's names and no __file__.
@@ -14,9 +14,9 @@ Timing: KernelBench's cuda_event method for ModelNew, eager and torch.compile (i
 default mode), plus a plain streaming read of the same bytes measured in the same run as the
 bandwidth floor.
 Options (with_options): --reduction, --ignore-fraction (that share of the targets, drawn per
-trial, set to the ignore index -100) and --weight (random class weights in [0.5, 1.5), drawn
-once, passed to both models as an init input) give the reference, eager and torch.compile
-PyTorch's cross_entropy with them, and ModelNew the same reduction and weights.
+trial, set to the ignore index -100), --weight (random class weights in [0.5, 1.5), drawn once,
+passed to both models as an init input) and --label-smoothing give the reference, eager and
+torch.compile PyTorch's cross_entropy with them, and ModelNew the same options.
 """
 import functools
 import argparse
@@ -64,12 +64,12 @@ def load_problem(ref_src, sub_src, build_dir=None):
 
 
 # ------------------------------------------------------------------------------- correctness
-def with_options(context, reduction="mean", ignore_fraction=0.0, weight=False):
+def with_options(context, reduction="mean", ignore_fraction=0.0, weight=False, label_smoothing=0.0):
     """The problem with PyTorch's options: the reduction, a share of the targets set to the ignore
-    index (drawn after the inputs from the same seed), and class weights (the init inputs, so that
-    both models get them in the precision and on the device). The defaults leave it as KernelBench
-    defines it."""
-    if reduction == "mean" and not ignore_fraction and not weight:
+    index (drawn after the inputs from the same seed), class weights (the init inputs, so that both
+    models get them in the precision and on the device) and label smoothing. The defaults leave it
+    as KernelBench defines it."""
+    if reduction == "mean" and not ignore_fraction and not weight and not label_smoothing:
         return context
     get_inputs, init_inputs = context["get_inputs"], context["get_init_inputs"]
     if weight:
@@ -84,14 +84,15 @@ def with_options(context, reduction="mean", ignore_fraction=0.0, weight=False):
             self.register_buffer("weight", weight)
 
         def forward(self, predictions, targets):
-            return torch.nn.functional.cross_entropy(predictions, targets, self.weight, reduction=reduction)
+            return torch.nn.functional.cross_entropy(predictions, targets, self.weight, reduction=reduction,
+                                                     label_smoothing=label_smoothing)
 
     def inputs():
         predictions, targets = get_inputs()
         return [predictions, targets.masked_fill(torch.rand(targets.shape) < ignore_fraction, IGNORE_INDEX)]
 
-    return dict(context, Model=Reference, ModelNew=functools.partial(context["ModelNew"], reduction=reduction),
-                get_inputs=inputs, get_init_inputs=init_inputs)
+    model_new = functools.partial(context["ModelNew"], reduction=reduction, label_smoothing=label_smoothing)
+    return dict(context, Model=Reference, ModelNew=model_new, get_inputs=inputs, get_init_inputs=init_inputs)
 
 
 def set_seed(seed):
@@ -296,6 +297,7 @@ def main(argv=None):
     ap.add_argument("--ignore-fraction", type=float, default=0.0, metavar="F",
                     help="share of the targets set to the ignore index -100 (default 0)")
     ap.add_argument("--weight", action="store_true", help="random class weights for both models")
+    ap.add_argument("--label-smoothing", type=float, default=0.0, metavar="EPS")
     args = ap.parse_args(argv)
 
     with open(args.reference) as f:
@@ -311,7 +313,7 @@ def main(argv=None):
         return 1
     load_s = time.perf_counter() - t0
     print(f"loaded in {load_s:.1f} s", flush=True)
-    context = with_options(context, args.reduction, args.ignore_fraction, args.weight)
+    context = with_options(context, args.reduction, args.ignore_fraction, args.weight, args.label_smoothing)
     if not torch.cuda.is_available():
         print("run_eval needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
@@ -327,6 +329,7 @@ def main(argv=None):
         "reduction": args.reduction,
         "ignore_fraction": args.ignore_fraction,
         "weight": args.weight,
+        "label_smoothing": args.label_smoothing,
     }
 
     print(f"correctness ({args.correct_trials} trials, tolerance {TOLERANCE[args.precision]:g}):", flush=True)
@@ -360,7 +363,8 @@ def main(argv=None):
     print()
     print(f"device {report['device']} | torch {report['torch']} | CUDA {report['cuda']} | "
           f"{args.precision} | {logits.shape[0]} x {logits.shape[1]} | reduction {args.reduction}, "
-          f"{args.ignore_fraction:g} of the targets ignored" + (", class weights" if args.weight else ""))
+          f"{args.ignore_fraction:g} of the targets ignored" + (", class weights" if args.weight else "")
+          + (f", label smoothing {args.label_smoothing:g}" if args.label_smoothing else ""))
     print(f"correct: {passed}/{args.correct_trials} trials")
     print(format_table(results, logit_bytes))
     print(f"Speedup over eager: {report['speedup_eager']:.2f}x")

@@ -32,8 +32,9 @@ IMPLS = ("model_new", "eager", "compile", "floor")
 # "ignore": that share of the targets set to -100). z_loss and the per-row lse are not PyTorch's.
 OPTIONS = {"defaults": {}, "sum": {"reduction": "sum"}, "none": {"reduction": "none"}, "ignore 10%": {"ignore": 0.1},
            "weight": {"weight": True}, "weight, none, ignore 10%": {"weight": True, "reduction": "none", "ignore": 0.1},
-           "z_loss": {"z_loss": 1e-4}, "lse": {"return_lse": True}}
-PYTORCH_OPTIONS = {"reduction", "weight", "ignore"}
+           "z_loss": {"z_loss": 1e-4}, "lse": {"return_lse": True}, "label smoothing": {"label_smoothing": 0.1},
+           "label smoothing, none, ignore 10%": {"label_smoothing": 0.1, "reduction": "none", "ignore": 0.1}}
+PYTORCH_OPTIONS = {"reduction", "weight", "ignore", "label_smoothing"}
 OPTIONS_MIN_BYTES = 64 << 20
 
 
@@ -67,7 +68,7 @@ def measure(n, c, dtype_name, impls, trials, fns):
     return rows
 
 
-def expected_loss(x, t, weight=None, reduction="mean", z_loss=0.0):
+def expected_loss(x, t, weight=None, reduction="mean", z_loss=0.0, label_smoothing=0.0):
     """float64 loss with cross_entropy's options (ignore_index -100), rows in blocks to bound memory."""
     parts, divisor, block = [], 0.0, max(1, 2**24 // x.shape[1])
     for r0 in range(0, x.shape[0], block):
@@ -75,8 +76,12 @@ def expected_loss(x, t, weight=None, reduction="mean", z_loss=0.0):
         lse = torch.logsumexp(xr, 1)
         counted = tr != -100
         w = weight.double()[tr.clamp(min=0)] if weight is not None else torch.ones_like(lse)
-        nll = lse - xr.gather(1, tr.clamp(min=0)[:, None])[:, 0]
-        parts.append(torch.where(counted, w * nll + z_loss * lse**2, 0.0))
+        row = w * (lse - xr.gather(1, tr.clamp(min=0)[:, None])[:, 0])
+        if label_smoothing:  # (1 - eps) of that, and eps / C of the sum over classes of w_j (lse - x_j)
+            w_all = weight.double() if weight is not None else xr.new_ones(xr.shape[1])
+            smooth = ((lse[:, None] - xr) * w_all).sum(1)
+            row = (1 - label_smoothing) * row + label_smoothing / xr.shape[1] * smooth
+        parts.append(torch.where(counted, row + z_loss * lse**2, 0.0))
         divisor += torch.where(counted, w, 0.0).sum().item()
     loss = torch.cat(parts)
     return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.sum() / divisor
@@ -101,7 +106,8 @@ def measure_options(n, c, dtype_name, trials, floor_fn):
             fns["eager"] = functools.partial(torch.nn.functional.cross_entropy, **kwargs)
         got = fns["model_new"](x, t)
         loss = got[0] if opts.get("return_lse") else got
-        want = expected_loss(x, t, kwargs.get("weight"), kwargs.get("reduction", "mean"), kwargs.get("z_loss", 0.0))
+        want = expected_loss(x, t, kwargs.get("weight"), kwargs.get("reduction", "mean"), kwargs.get("z_loss", 0.0),
+                             kwargs.get("label_smoothing", 0.0))
         correct = torch.allclose(loss.double(), want.to(dtype).double(), rtol=2e-2 if dtype != torch.float32 else 1e-4,
                                  atol=1e-5)
         for impl, fn in fns.items():

@@ -71,10 +71,11 @@ def test_compiles_without_spills(arch, options, tmp_path):
     for kernel, family, (registers, smem) in zip(kernels, families, usage):
         assert int(registers) <= budget[family], (kernel, registers)
         # The policy's count of a CTA's shared memory (_CTA_SHARED_BYTES) holds it, with at most 1 KB
-        # to spare (and the options build's own arrays, in the default build): CTAs per SM follow from it.
+        # to spare, and the options build's own arrays where an instance lacks them (the default build;
+        # label smoothing's slots in plain-load rows): CTAs per SM follow from it.
         code = FAMILY_CODES[family]
         counted = model_new._CTA_SHARED_BYTES[code] - DYNAMIC_SHARED.get(family, 0)
-        spare = 1024 + (0 if options else model_new._OPTIONS_SHARED_BYTES.get(code, 0))
+        spare = 1024 + model_new._OPTIONS_SHARED_BYTES.get(code, 0)
         assert counted - spare <= int(smem) <= counted, (kernel, smem, counted)
 
 

@@ -1,5 +1,5 @@
-"""PyTorch's options weight, ignore_index and reduction ("mean", "sum", "none"), and z_loss and the
-per-row log-sum-exp beyond them, through ModelNew and cross_entropy: the options build (kOptions)
+"""PyTorch's options weight, ignore_index, reduction ("mean", "sum", "none") and label_smoothing,
+and z_loss and the per-row log-sum-exp beyond them, through ModelNew and cross_entropy: the options build (kOptions)
 in every kernel family, against float64. On the CPU, the API's checks, the float64 reference
 against PyTorch's own, and the options build's boundary."""
 import inspect
@@ -24,18 +24,19 @@ def test_the_signatures_are_pytorchs():
     """PyTorch's parameters in PyTorch's order (less the deprecated size_average and reduce), then
     ours, by keyword only."""
     params = inspect.signature(model_new.cross_entropy).parameters
-    assert list(params) == ["input", "target", "weight", "ignore_index", "reduction", "z_loss", "return_lse"]
+    assert list(params) == ["input", "target", "weight", "ignore_index", "reduction", "label_smoothing", "z_loss",
+                            "return_lse"]
     assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("z_loss", "return_lse"))
     defaults = {k: v.default for k, v in inspect.signature(model_new.ModelNew).parameters.items()}
-    assert defaults == {"weight": None, "ignore_index": -100, "reduction": "mean", "z_loss": 0.0,
-                        "check_targets": None}
+    assert defaults == {"weight": None, "ignore_index": -100, "reduction": "mean", "label_smoothing": 0.0,
+                        "z_loss": 0.0, "check_targets": None}
 
 
 def test_the_defaults_are_kernelbenchs_problem_and_anything_else_an_option():
     assert model_new.ModelNew()._options is model_new._DEFAULTS
     assert model_new._options() is model_new._DEFAULTS and model_new._options(ignore_index=-100) is model_new._DEFAULTS
     for kwargs in [{"ignore_index": 0}, {"reduction": "sum"}, {"z_loss": 1e-4}, {"return_lse": True},
-                   {"weight": torch.ones(3)}]:
+                   {"weight": torch.ones(3)}, {"label_smoothing": 0.1}]:
         assert model_new._options(**kwargs) is not model_new._DEFAULTS, kwargs
 
 
@@ -71,21 +72,32 @@ def test_options_pytorch_rejects_raise_before_any_launch():
     for z in [math.inf, math.nan, "0.1", True]:
         with pytest.raises(ValueError, match="z_loss must be a finite number"):
             model_new.cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), z_loss=z)
+    for eps in [-0.1, 1.5, math.nan, "0.1"]:
+        with pytest.raises(ValueError, match="label_smoothing must be between 0.0 and 1.0"):
+            model_new.ModelNew(label_smoothing=eps)
+    with pytest.raises(NotImplementedError, match="label_smoothing with class weights"):
+        model_new.ModelNew(torch.ones(3), label_smoothing=0.1)
+    assert model_new.ModelNew(label_smoothing=1).label_smoothing == 1.0
 
 
-def expected(x, t, ignore_index=-100, reduction="mean", weight=None, z_loss=0.0):
-    """The loss in float64, written out: a counted row's loss is its class's weight (1 without
-    weights) times (lse - x_t), plus z_loss * lse**2; an ignored row's is 0; the mean divides the
-    sum by the counted rows' weights. Targets outside [0, C) give NaN in their row."""
+def expected(x, t, ignore_index=-100, reduction="mean", weight=None, z_loss=0.0, label_smoothing=0.0):
+    """The loss in float64, written out: a counted row's loss is (1 - eps) times its class's weight
+    (1 without weights) times (lse - x_t), plus eps / C times the sum over classes j of w_j (lse -
+    x_j), plus z_loss * lse**2; an ignored row's is 0; the mean divides the sum by the counted rows'
+    weights. Targets outside [0, C) give NaN in their row."""
     x, t = x.double(), t.long()
     if x.dim() == 1:
-        return expected(x[None], t[None], ignore_index, reduction, weight, z_loss)[0 if reduction == "none" else ...]
-    cols = x.shape[1]
+        return expected(x[None], t[None], ignore_index, reduction, weight, z_loss,
+                        label_smoothing)[0 if reduction == "none" else ...]
+    cols, eps = x.shape[1], label_smoothing
     lse = torch.logsumexp(x, 1) if cols else x.new_zeros(x.shape[0])
     counted, bad = t != ignore_index, (t != ignore_index) & ((t < 0) | (t >= cols))
     col = t.clamp(0, cols - 1)
-    w = weight.double()[col] if weight is not None else torch.ones_like(lse)
-    loss = (w * (lse - x.gather(1, col[:, None])[:, 0]) + z_loss * lse**2).masked_fill(bad, math.nan)
+    w_all = weight.double() if weight is not None else x.new_ones(cols)
+    w = w_all[col]
+    smooth = ((lse[:, None] - x) * w_all).sum(1) if eps else 0.0  # eps 0: no term, even where lse - x is inf
+    nll = (1 - eps) * w * (lse - x.gather(1, col[:, None])[:, 0]) + eps / max(cols, 1) * smooth
+    loss = (nll + z_loss * lse**2).masked_fill(bad, math.nan)
     loss = torch.where(counted, loss, 0.0)
     if reduction == "none":
         return loss
@@ -101,7 +113,18 @@ def test_the_float64_reference_is_pytorchs(reduction, ignore_index):
         want = torch.nn.functional.cross_entropy(x, t, weight, ignore_index=ignore_index, reduction=reduction)
         torch.testing.assert_close(expected(x, t, ignore_index, reduction, weight), want, rtol=1e-12, atol=1e-12)
         want = torch.nn.functional.cross_entropy(x[0], t[1], weight, ignore_index=ignore_index, reduction=reduction)
-        torch.testing.assert_close(expected(x[0], t[1], ignore_index, reduction, weight), want, rtol=1e-12, atol=0)
+        torch.testing.assert_close(expected(x[0], t[1], ignore_index, reduction, weight), want, rtol=1e-12, atol=0,
+                                   equal_nan=True)  # t[1] may be the ignore index: a mean of nothing
+    for eps in [0.1, 1.0]:
+        for weight in [None, w]:
+            want = torch.nn.functional.cross_entropy(x, t, weight, ignore_index=ignore_index, reduction=reduction,
+                                                     label_smoothing=eps)
+            got = expected(x, t, ignore_index, reduction, weight, label_smoothing=eps)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+            want = torch.nn.functional.cross_entropy(x[0], t[1], weight, ignore_index=ignore_index, reduction=reduction,
+                                                     label_smoothing=eps)
+            got = expected(x[0], t[1], ignore_index, reduction, weight, label_smoothing=eps)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
     lse = torch.logsumexp(x, 1)
     ce = torch.nn.functional.cross_entropy(x, t, ignore_index=ignore_index, reduction="none")
     torch.testing.assert_close(expected(x, t, ignore_index, "none", z_loss=0.25),
@@ -111,7 +134,8 @@ def test_the_float64_reference_is_pytorchs(reduction, ignore_index):
 def test_the_options_build_keeps_the_default_builds_fields_in_place():
     """Its fields come last, and only its source reads them (kOptions)."""
     names = [name for name, *_ in model_new._PARAMS]
-    assert names[-7:] == ["ignore_index", "reduction", "losses", "weight", "weight_exact", "lse", "z_loss"]
+    assert names[-9:] == ["ignore_index", "reduction", "losses", "weight", "weight_exact", "lse", "z_loss",
+                          "label_smoothing", "smoothing_per_class"]
     assert "constexpr bool kOptions = false;" in model_new._cuda_source()
     assert "constexpr bool kOptions = true;" in model_new._cuda_source(options=True)
 
@@ -294,3 +318,53 @@ def test_weights_pytorch_rejects_raise_and_the_gpu_carries_on():
         model_new.cross_entropy(x, t, torch.ones(5, dtype=torch.bfloat16))
     w = torch.ones(10, device="cuda", dtype=torch.bfloat16)[::2]  # a view with a stride: copied
     assert_close(model_new.cross_entropy(x, t, w), expected(x, t, weight=w), torch.bfloat16)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("eps", [0.1, 1.0])
+def test_every_shape_takes_label_smoothing(dtype, reduction, eps):
+    """Tiles and whole rows in registers (the families label smoothing takes), every shape, with a
+    quarter of the rows ignored, z_loss and every row's log-sum-exp beside it."""
+    for rows, cols in SHAPES:
+        x, t = logits(rows, cols, dtype), targets(rows, cols)
+        if rows:
+            t[::4] = -100
+        want = expected(x, t, -100, reduction, label_smoothing=eps)
+        assert_close(model_new.ModelNew(reduction=reduction, label_smoothing=eps)(x, t), want, dtype)
+        loss, lse = model_new.cross_entropy(x, t, None, 3, reduction, eps, z_loss=1e-3, return_lse=True)
+        assert_close(loss, expected(x, t, 3, reduction, z_loss=1e-3, label_smoothing=eps), dtype)
+        torch.testing.assert_close(lse.double(), torch.logsumexp(x.double(), 1), rtol=1e-6, atol=1e-6)
+
+
+@requires_cuda
+def test_label_smoothing_views_unbatched_and_special_values():
+    """Rows off the 16-byte grid and unbatched input; a -inf logit makes its row's loss +inf (the
+    smoothing term sums -log_softmax over every class), a row of -inf is NaN; logits that share a
+    large offset keep float32's accuracy (the gaps are summed from the row's max)."""
+    for dtype in DTYPES.values():
+        for name, v in views(64, 1003, dtype):
+            t = targets(64, 1003, torch.int32)
+            assert_close(model_new.cross_entropy(v, t, label_smoothing=0.2),
+                         expected(v, t, label_smoothing=0.2), dtype)
+        x, t = logits(1, 4096, dtype)[0], targets(1, 4096)[0]
+        assert_close(model_new.cross_entropy(x, t, label_smoothing=0.2), expected(x, t, label_smoothing=0.2), dtype)
+    for rows, cols in [(1000, 77), (64, 5000), (3, 100003)]:
+        x, t = logits(rows, cols, torch.float32), targets(rows, cols)
+        x[0, 5] = -math.inf
+        x[1] = -math.inf
+        got = model_new.cross_entropy(x, t, reduction="none", label_smoothing=0.1)
+        assert got[0] == math.inf and torch.isnan(got[1]) and torch.isfinite(got[2:]).all()
+        assert_close(got[2:], expected(x[2:], t[2:], reduction="none", label_smoothing=0.1), torch.float32)
+        y = logits(rows, cols, torch.float32, scale=1.0) + 3000.0
+        assert_close(model_new.cross_entropy(y, t, reduction="none", label_smoothing=0.3),
+                     expected(y, t, reduction="none", label_smoothing=0.3), torch.float32)
+
+
+@requires_cuda
+def test_label_smoothing_is_deterministic():
+    for rows, cols in [(4096, 32000), (1000000, 10), (4000, 4096)]:
+        x, t = logits(rows, cols, torch.bfloat16), targets(rows, cols)
+        first = model_new.cross_entropy(x, t, label_smoothing=0.1)
+        assert all(torch.equal(first, model_new.cross_entropy(x, t, label_smoothing=0.1)) for _ in range(5))

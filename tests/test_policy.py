@@ -68,6 +68,21 @@ def test_class_weights_take_rows_in_registers_where_row_batches_would_and_fit_a_
         assert cols * elem_bytes <= model_new._OPTIONS_SHARED_BYTES[model_new._TILES]
 
 
+@pytest.mark.parametrize("rows, cols", SHAPES)
+@pytest.mark.parametrize("elem_bytes", [4, 2])
+def test_label_smoothing_takes_tiles_or_whole_rows_with_evict_first_loads(rows, cols, elem_bytes):
+    """Only those compute label smoothing's gaps ("Options"): never one row, row batches or split
+    rows, and rows in registers read evict-first."""
+    if cols > model_new._MAX_SEG:
+        return  # the dispatch refuses it
+    p = model_new._plan(rows, cols, cols, elem_bytes, H100, smoothed=True)
+    assert p.family in (model_new._TILES, model_new._ROWS) and p.splits == 1
+    assert p.family == model_new._TILES or p.evict_first
+    unsmoothed = model_new._plan(rows, cols, cols, elem_bytes, H100)
+    if unsmoothed.family == model_new._TILES:
+        assert p == unsmoothed
+
+
 def test_tiles_never_take_rows_longer_than_their_class_weight_table():
     for cols in range(1, 3000, 7):
         for stride in (cols, cols + 3):

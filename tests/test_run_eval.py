@@ -114,7 +114,7 @@ def test_options_reach_the_reference_modelnew_and_the_inputs():
     ModelNew is built with the reduction, and that share of the targets is ignored; the defaults
     leave KernelBench's problem as it is."""
     ctx = run_eval.load_problem(REF, "import torch\nclass ModelNew(torch.nn.Module):\n"
-                                     "    def __init__(self, reduction='mean'):\n"
+                                     "    def __init__(self, reduction='mean', label_smoothing=0.0):\n"
                                      "        super().__init__()\n        self.reduction = reduction\n")
     assert run_eval.with_options(ctx) is ctx
     opt = run_eval.with_options(ctx, "none", 0.25)
@@ -133,7 +133,7 @@ def test_weights_reach_both_models_as_init_inputs():
     """--weight: the same class weights, drawn once, for the reference and ModelNew, which take them
     as their first init input (nn.CrossEntropyLoss's order), so run_eval casts and moves them."""
     ctx = run_eval.load_problem(REF, "import torch\nclass ModelNew(torch.nn.Module):\n"
-                                     "    def __init__(self, weight=None, reduction='mean'):\n"
+                                     "    def __init__(self, weight=None, reduction='mean', label_smoothing=0.0):\n"
                                      "        super().__init__()\n        self.weight, self.reduction = weight, reduction\n")
     opt = run_eval.with_options(ctx, "sum", weight=True)
     (w,), (w2,) = opt["get_init_inputs"](), opt["get_init_inputs"]()
@@ -146,3 +146,13 @@ def test_weights_reach_both_models_as_init_inputs():
     assert ref.to(torch.bfloat16).weight.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="num_classes"):
         run_eval.with_options({k: v for k, v in ctx.items() if k != "num_classes"}, weight=True)
+
+
+def test_label_smoothing_reaches_both_models():
+    ctx = run_eval.load_problem(REF, "import torch\nclass ModelNew(torch.nn.Module):\n"
+                                     "    def __init__(self, reduction='mean', label_smoothing=0.0):\n"
+                                     "        super().__init__()\n        self.label_smoothing = label_smoothing\n")
+    opt = run_eval.with_options(ctx, label_smoothing=0.1)
+    assert opt["ModelNew"]().label_smoothing == 0.1
+    x, t = torch.randn(64, 4096), torch.randint(0, 4096, (64,))
+    assert torch.equal(opt["Model"]()(x, t), torch.nn.functional.cross_entropy(x, t, label_smoothing=0.1))

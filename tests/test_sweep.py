@@ -51,4 +51,9 @@ def test_the_options_sweeps_reference_is_pytorchs():
     z = torch.where(t != -100, 0.5 * lse**2, 0.0)
     torch.testing.assert_close(sweep.expected_loss(x, t, None, "none", 0.5),
                                torch.nn.functional.cross_entropy(x.double(), t, reduction="none") + z)
+    for weight in [None, w]:
+        for reduction in ["none", "mean"]:
+            want = torch.nn.functional.cross_entropy(x.double(), t, None if weight is None else weight.double(),
+                                                     reduction=reduction, label_smoothing=0.2)
+            torch.testing.assert_close(sweep.expected_loss(x, t, weight, reduction, label_smoothing=0.2), want)
     assert set(sweep.OPTIONS["weight, none, ignore 10%"]) <= sweep.PYTORCH_OPTIONS and "defaults" in sweep.OPTIONS
