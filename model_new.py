@@ -820,7 +820,7 @@ __device__ __forceinline__ typename E::Storage load_first_edge(const typename E:
 // in registers have none to spare: "Options"). Values arrive a batch or an edge at a time; each
 // arrival rebases the slot from the state's base before it to the base after it, and adds the
 // arrivals' gaps. Only the evict-first instances take label smoothing (`enabled`; the host's
-// _evict_first): with plain loads, the row's loop spilled even so.
+// _plan gives it no other): with plain loads, the row's loop spilled even so.
 __shared__ float2 item_gap_slots[kOptions ? kThreads : 1];
 
 struct ItemGaps {
@@ -1853,7 +1853,8 @@ class _Gpu(NamedTuple):
 
 # Shared memory a CTA of each family holds, bytes: its largest array and at most 1 KB of small ones
 # (test_cuda_source holds these to what ptxas reports); rows in registers count segments_total's slab.
-# Both count the options build's class weights (_OPTIONS_SHARED_BYTES), which the default build lacks.
+# Both count the options build's own arrays (_OPTIONS_SHARED_BYTES: class weights; rows in registers,
+# label smoothing's gaps too), which the default build lacks.
 _OPTIONS_SHARED_BYTES = {_ROWS: 12 * _THREADS, _TILES: _TILE_BYTES // _TILE_MIN_ROWS}
 _CTA_SHARED_BYTES = {
     _ROWS: 16 * _SHORT_TAIL * _THREADS + 16 * _SEG_SLAB + 4 * _THREADS + _OPTIONS_SHARED_BYTES[_ROWS] + 1024,
@@ -1913,13 +1914,12 @@ def _plan(rows, cols, row_stride, elem_bytes, gpu, offset=0, weighted=False, smo
 def _family(rows, cols, row_stride, elem_bytes, gpu, offset, weighted=False, smoothed=False):
     """The kernel family: the first of these that takes the problem.
 
-    one row      a lone row of up to 128 KB (sm_75: 64), unsmoothed            "One row"
+    one row      a lone row of up to 128 KB (sm_75: 64)                       "One row"
     row batches  1 or 2 rows fill the row-batch kernel's CTA batch (_batch_rows), "Rows that fill a CTA batch"
                  without class weights (each chunk's merge would wait for them) "Options"
-                 or label smoothing
     tiles        rows of at most an eighth of a tile, close together (_tile_fit) "Short rows"
     rows         the rest, in registers, split into segments where too few     "Long rows"
-                 (never with label smoothing)
+    With label smoothing only tiles, else rows in registers, whole            "Options"
     """
     if smoothed:
         return _TILES if _tile_fit(rows, cols, row_stride, elem_bytes) else _ROWS

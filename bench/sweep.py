@@ -111,25 +111,38 @@ def measure_options(n, c, dtype_name, trials, floor_fn):
         correct = torch.allclose(loss.double(), want.to(dtype).double(), rtol=2e-2 if dtype != torch.float32 else 1e-4,
                                  atol=1e-5)
         for impl, fn in fns.items():
-            mean = run_eval.timing_stats(run_eval.time_cuda_event(fn, [x, t], x.device, trials=trials))["mean_exact"]
+            times = run_eval.time_cuda_event(fn, [x, t], x.device, trials=trials)
+            mean = run_eval.timing_stats(times)["mean_exact"]
             rows.append({"N": n, "C": c, "dtype": dtype_name, "options": name, "impl": impl, "mean_ms": mean,
-                         "floor_ms": floor, "fraction_of_floor": floor / mean, "correct": bool(correct)})
+                         "median_ms": statistics.median(times), "floor_ms": floor, "fraction_of_floor": floor / mean,
+                         "correct": bool(correct)})
     del x, t0
     torch.cuda.empty_cache()
     return rows
 
 
 def options_main(args, shapes):
+    """Each shape's rows from the best of `passes` passes per options and implementation (the lowest
+    mean, its read beside it), every pass checked against float64."""
     rows = []
     floor_fn = run_eval.stream_read_fn(torch.device("cuda"))
     for n, c in shapes:
         for d in args.dtypes.split(","):
             if n * c * DTYPES[d].itemsize < OPTIONS_MIN_BYTES:
                 continue
-            new = measure_options(n, c, d, args.trials, floor_fn)
+            best = {}
+            for _ in range(args.passes):
+                for r in measure_options(n, c, d, args.trials, floor_fn):
+                    key = (r["options"], r["impl"])
+                    r["correct"] = r["correct"] and best.get(key, r)["correct"]
+                    if key not in best or r["mean_ms"] < best[key]["mean_ms"]:
+                        best[key] = r
+                    else:
+                        best[key]["correct"] = r["correct"]
+            new = list(best.values())
             for r in new:
-                r.update(device=torch.cuda.get_device_name(), torch=torch.__version__)
-                print(f"  {n} x {c} {d:9s} {r['options']:26s} {r['impl']:9s} {r['mean_ms']:.4f} ms  "
+                r.update(device=torch.cuda.get_device_name(), torch=torch.__version__, passes=args.passes)
+                print(f"  {n} x {c} {d:9s} {r['options']:34s} {r['impl']:9s} {r['mean_ms']:.4f} ms  "
                       f"{100 * r['fraction_of_floor']:5.1f}% of the read  correct {r['correct']}", flush=True)
             rows += new
             if args.out:
