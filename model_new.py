@@ -698,12 +698,18 @@ __device__ __forceinline__ float class_weight(const Params& p, long long code) {
 
 // The class weight for rows in registers, whose loop has no register to spare for it while the
 // row streams: the 4-byte word that holds it is copied to the thread's shared-memory slot ahead of
-// the row (cp.async; before sm_80 a load and a store) and read back after it.
+// the row (cp.async; before sm_80 a load and a store) and read back after it. A 16-bit last weight
+// that starts a word is loaded alone: its word would reach past the tensor.
 template <class E>
 __device__ __forceinline__ void copy_class_weight(uint32_t* slot, const Params& p, long long code) {
   if (!weighted(p) || code < 0) return;
-  const auto at = reinterpret_cast<uintptr_t>(static_cast<const typename E::Storage*>(p.weight) + code);
+  const auto* w = static_cast<const typename E::Storage*>(p.weight) + code;
+  const auto at = reinterpret_cast<uintptr_t>(w);
   const auto* word = reinterpret_cast<const uint32_t*>(at & ~uintptr_t(3));
+  if (sizeof(*w) == 2 && (at & 2) == 0 && code == p.cols - 1) {
+    *slot = __ldg(w);
+    return;
+  }
 #if __CUDA_ARCH__ >= 800
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n\tcp.async.commit_group;"
                :: "r"(static_cast<unsigned int>(__cvta_generic_to_shared(slot))), "l"(word) : "memory");
@@ -1456,8 +1462,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_tiles_k
   __shared__ long long claimed[2];         // the chunk after next, by chunk parity
   __shared__ uint4 tile_vecs[kTileVecs + 2];  // a tile's vectors, a spare slot at each end
   __shared__ int tile_targets[kTileRows];
-  // Weighted (the options build): every class's weight, read per row from here. Tiles take rows of
-  // at most a kTileMinRows-th of a tile (the host's _tile_fit).
+  // Weighted (the options build): every class's weight, read per row from here. Weighted problems
+  // take tiles only where the weights fit (the host's _family).
   __shared__ uint4 class_weight_vecs[kOptions ? kTileVecs / kTileMinRows : 1];
   auto* const class_weights = reinterpret_cast<typename E::Storage*>(class_weight_vecs);
 
@@ -1855,7 +1861,7 @@ class _Gpu(NamedTuple):
 # (test_cuda_source holds these to what ptxas reports); rows in registers count segments_total's slab.
 # Both count the options build's own arrays (_OPTIONS_SHARED_BYTES: class weights; rows in registers,
 # label smoothing's gaps too), which the default build lacks.
-_OPTIONS_SHARED_BYTES = {_ROWS: 12 * _THREADS, _TILES: _TILE_BYTES // _TILE_MIN_ROWS}
+_OPTIONS_SHARED_BYTES = {_ROWS: 12 * _THREADS, _TILES: _TILE_BYTES // _TILE_MIN_ROWS}  # tiles: the class-weight table
 _CTA_SHARED_BYTES = {
     _ROWS: 16 * _SHORT_TAIL * _THREADS + 16 * _SEG_SLAB + 4 * _THREADS + _OPTIONS_SHARED_BYTES[_ROWS] + 1024,
     _TILES: _TILE_BYTES + 32 + 4 * _THREADS * _TILE_TARGETS + _OPTIONS_SHARED_BYTES[_TILES] + 1024,
@@ -1917,19 +1923,20 @@ def _family(rows, cols, row_stride, elem_bytes, gpu, offset, weighted=False, smo
     one row      a lone row of up to 128 KB (sm_75: 64)                       "One row"
     row batches  1 or 2 rows fill the row-batch kernel's CTA batch (_batch_rows), "Rows that fill a CTA batch"
                  without class weights (each chunk's merge would wait for them) "Options"
-    tiles        rows of at most an eighth of a tile, close together (_tile_fit) "Short rows"
+    tiles        rows of at most an eighth of a tile, close together (_tile_fit); "Short rows"
+                 with class weights, rows whose weights fit the tiles' table     "Options"
     rows         the rest, in registers, split into segments where too few     "Long rows"
     With label smoothing only tiles, else rows in registers, whole            "Options"
     """
+    tiles = _tile_fit(rows, cols, row_stride, elem_bytes) and (
+        not weighted or cols * elem_bytes <= _OPTIONS_SHARED_BYTES[_TILES])  # overlapping rows may be longer
     if smoothed:
-        return _TILES if _tile_fit(rows, cols, row_stride, elem_bytes) else _ROWS
+        return _TILES if tiles else _ROWS
     if rows == 1 and cols // (16 // elem_bytes) <= _one_row_threads(gpu) * _BATCH:
         return _ONE_ROW
     if not weighted and _batch_rows(rows, cols, row_stride, elem_bytes, gpu, offset):
         return _ROW_BATCHES
-    if _tile_fit(rows, cols, row_stride, elem_bytes):
-        return _TILES
-    return _ROWS
+    return _TILES if tiles else _ROWS
 
 
 def _shape(family, rows, cols, row_stride, elem_bytes, gpu, offset, evict_first, smoothed=False):

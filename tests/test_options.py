@@ -261,7 +261,8 @@ def test_z_loss_and_every_rows_log_sum_exp(dtype, reduction):
         x, t = logits(rows, cols, dtype), targets(rows, cols)
         if rows:
             t[::4] = -100
-            t[1::9] = cols  # bad: NaN in its row, the sum and the mean
+            if reduction == "none":
+                t[1::9] = cols  # bad: NaN in its row (and in the sum and the mean, so only here)
         for weight in [None, class_weights(cols, dtype)]:
             loss, lse = model_new.cross_entropy(x, t, weight, reduction=reduction, z_loss=1e-3, return_lse=True)
             assert_close(loss, expected(x, t, -100, reduction, weight, 1e-3), dtype)
@@ -299,7 +300,8 @@ def test_weighted_mean_edge_cases():
 
 @requires_cuda
 def test_weighted_mean_is_deterministic():
-    """The weights' sum is exact, as the losses' is: the same bits every run, whatever the schedule."""
+    """The weights' sum is exact, as the losses' is: the same bits every run (test_exact_sum varies the
+    schedule)."""
     for rows, cols in [(4096, 32000), (16, 256000), (1000000, 10), (4000, 4096)]:
         x, t, w = logits(rows, cols, torch.bfloat16), targets(rows, cols), class_weights(cols, torch.bfloat16)
         first = model_new.cross_entropy(x.float(), t, w.float(), z_loss=1e-4)
@@ -333,6 +335,7 @@ def test_every_shape_takes_label_smoothing(dtype, reduction, eps):
             t[::4] = -100
         want = expected(x, t, -100, reduction, label_smoothing=eps)
         assert_close(model_new.ModelNew(reduction=reduction, label_smoothing=eps)(x, t), want, dtype)
+        t = t.masked_fill(t == -100, 3)  # the same rows ignored, by another index
         loss, lse = model_new.cross_entropy(x, t, None, 3, reduction, eps, z_loss=1e-3, return_lse=True)
         assert_close(loss, expected(x, t, 3, reduction, z_loss=1e-3, label_smoothing=eps), dtype)
         torch.testing.assert_close(lse.double(), torch.logsumexp(x.double(), 1), rtol=1e-6, atol=1e-6)
@@ -368,3 +371,25 @@ def test_label_smoothing_is_deterministic():
         x, t = logits(rows, cols, torch.bfloat16), targets(rows, cols)
         first = model_new.cross_entropy(x, t, label_smoothing=0.1)
         assert all(torch.equal(first, model_new.cross_entropy(x, t, label_smoothing=0.1)) for _ in range(5))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_class_weights_with_rows_that_overlap_in_memory(dtype):
+    """An expanded tensor (row stride 0) of rows longer than the tiles' class-weight table."""
+    for cols in [1000, 3000, 4000]:
+        x, t, w = logits(1, cols, dtype).expand(2000, cols), targets(2000, cols), class_weights(cols, dtype)
+        assert_close(model_new.cross_entropy(x, t, w, reduction="none"), expected(x, t, reduction="none", weight=w),
+                     dtype)
+
+
+@requires_cuda
+def test_the_last_16_bit_class_weight_at_the_start_of_a_word():
+    """Rows in registers copy the 4-byte word holding a row's weight; the last of an odd number of
+    16-bit weights starts one, which would reach past the tensor, and is loaded alone."""
+    x, w = logits(64, 5001, torch.bfloat16), class_weights(5001, torch.bfloat16)
+    t = torch.full((64,), 5000, device="cuda")
+    w[5000] = 0.75
+    assert w.data_ptr() % 4 == 0 and (w.data_ptr() + 2 * 5000) % 4 == 0
+    assert_close(model_new.cross_entropy(x, t, w, reduction="none"), expected(x, t, reduction="none", weight=w),
+                 torch.bfloat16)

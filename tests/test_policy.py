@@ -83,12 +83,17 @@ def test_label_smoothing_takes_tiles_or_whole_rows_with_evict_first_loads(rows, 
         assert p == unsmoothed
 
 
-def test_tiles_never_take_rows_longer_than_their_class_weight_table():
-    for cols in range(1, 3000, 7):
-        for stride in (cols, cols + 3):
+def test_weighted_tiles_never_take_rows_longer_than_their_class_weight_table():
+    """Rows that overlap in memory (a stride under C, 0 for an expanded tensor) pass _tile_fit at up
+    to a whole tile; with class weights they go to rows in registers instead."""
+    for cols in range(1, 9000, 37):
+        for stride in (0, 1, cols // 2, cols, cols + 3):
             for elem_bytes in (4, 2):
-                if model_new._tile_fit(100000, cols, stride, elem_bytes):
-                    assert cols * elem_bytes <= model_new._TILE_BYTES // model_new._TILE_MIN_ROWS, (cols, stride)
+                family = model_new._family(100000, cols, stride, elem_bytes, H100, 0, weighted=True)
+                if family == model_new._TILES:
+                    assert cols * elem_bytes <= model_new._OPTIONS_SHARED_BYTES[model_new._TILES], (cols, stride)
+    assert model_new._family(2000, 4000, 0, 4, H100, 0) == model_new._TILES  # unweighted: a tile's worth
+    assert model_new._family(2000, 4000, 0, 4, H100, 0, weighted=True) == model_new._ROWS
 
 
 @pytest.mark.parametrize("elem_bytes", [4, 2])
