@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import run_eval  # noqa: E402
-from cases import DTYPES, PATHS, SHAPES, logits, reference, targets, views  # noqa: E402
+from cases import DTYPES, PATHS, SHAPES, expected_loss, logits, targets, views  # noqa: E402
 
 # The sweep's shapes and the awkward ones the design record names: rows off the 16-byte grid, just
 # over a power of two of vectors, with a short last batch, split rows.
@@ -129,7 +129,7 @@ def bitwise(base, cand):
                         cases += 1
                         if bits(a) != bits(b):
                             mismatches += 1
-                            ref = reference(x, t).item()
+                            ref = expected_loss(x, t).item()
                             print(f"  differ: {rows} x {cols} {dname} {tdtype} {view} loads={evict_first}: "
                                   f"baseline {a.item()!r} (error {abs(a.item() - ref):.3g}), "
                                   f"candidate {b.item()!r} (error {abs(b.item() - ref):.3g})", flush=True)

@@ -21,8 +21,11 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 import run_eval  # noqa: E402
+from cases import expected_loss  # noqa: E402
 
 SHAPES = [(32768, 4096), (4096, 32000), (8192, 50257), (8192, 128256), (16, 256000), (1000000, 10),
           (65536, 1000), (1, 4096), (4096, 129)]
@@ -68,25 +71,6 @@ def measure(n, c, dtype_name, impls, trials, fns):
     return rows
 
 
-def expected_loss(x, t, weight=None, reduction="mean", z_loss=0.0, label_smoothing=0.0):
-    """float64 loss with cross_entropy's options (ignore_index -100), rows in blocks to bound memory."""
-    parts, divisor, block = [], 0.0, max(1, 2**24 // x.shape[1])
-    for r0 in range(0, x.shape[0], block):
-        xr, tr = x[r0:r0 + block].double(), t[r0:r0 + block]
-        lse = torch.logsumexp(xr, 1)
-        counted = tr != -100
-        w = weight.double()[tr.clamp(min=0)] if weight is not None else torch.ones_like(lse)
-        row = w * (lse - xr.gather(1, tr.clamp(min=0)[:, None])[:, 0])
-        if label_smoothing:  # (1 - eps) of that, and eps / C of the sum over classes of w_j (lse - x_j)
-            w_all = weight.double() if weight is not None else xr.new_ones(xr.shape[1])
-            smooth = ((lse[:, None] - xr) * w_all).sum(1)
-            row = (1 - label_smoothing) * row + label_smoothing / xr.shape[1] * smooth
-        parts.append(torch.where(counted, row + z_loss * lse**2, 0.0))
-        divisor += torch.where(counted, w, 0.0).sum().item()
-    loss = torch.cat(parts)
-    return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.sum() / divisor
-
-
 def measure_options(n, c, dtype_name, trials, floor_fn):
     """Rows for every set of OPTIONS on one fresh (n, c) input: ModelNew, the read, and eager."""
     import model_new
@@ -106,7 +90,7 @@ def measure_options(n, c, dtype_name, trials, floor_fn):
             fns["eager"] = functools.partial(torch.nn.functional.cross_entropy, **kwargs)
         got = fns["model_new"](x, t)
         loss = got[0] if opts.get("return_lse") else got
-        want = expected_loss(x, t, kwargs.get("weight"), kwargs.get("reduction", "mean"), kwargs.get("z_loss", 0.0),
+        want = expected_loss(x, t, -100, kwargs.get("reduction", "mean"), kwargs.get("weight"), kwargs.get("z_loss", 0.0),
                              kwargs.get("label_smoothing", 0.0))
         correct = torch.allclose(loss.double(), want.to(dtype).double(), rtol=2e-2 if dtype != torch.float32 else 1e-4,
                                  atol=1e-5)

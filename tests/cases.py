@@ -1,4 +1,7 @@
-"""Inputs shared by the GPU tests and the compute-sanitizer run: fresh random values every call."""
+"""Inputs shared by the GPU tests and the compute-sanitizer run (fresh random values every call), and
+the float64 reference every test and bench/ checks the kernels against."""
+import math
+
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -40,18 +43,41 @@ def views(rows, cols, dtype, device="cuda"):
     ]
 
 
-def reference(x, t, ignore_index=-100):
-    """float64 mean cross-entropy, a block at a time (so N*C > 2^31 fits in memory)."""
-    total, count = torch.zeros((), dtype=torch.float64, device=x.device), 0
-    row_block = max(1, 2**24 // max(1, x.shape[1]))
+# Blocks of the float64 reference: rows of about this many elements, columns this many at a time.
+REFERENCE_BLOCK_ELEMS = 2**24
+REFERENCE_BLOCK_COLS = 2**26
+
+
+def expected_loss(x, t, ignore_index=-100, reduction="mean", weight=None, z_loss=0.0, label_smoothing=0.0):
+    """cross_entropy with its options in float64, written out: a counted row's loss is (1 - eps)
+    times its class's weight (1 without weights) times (lse - x_t), plus eps / C times the sum over
+    classes j of w_j (lse - x_j), plus z_loss * lse**2; an ignored row's is 0; the mean divides the
+    sum by the counted rows' weights. Targets outside [0, C) give NaN in their row. Rows and columns
+    go a block at a time, so that N*C > 2^31 fits in memory."""
+    if x.dim() == 1:
+        out = expected_loss(x[None], t.reshape(1), ignore_index, reduction, weight, z_loss, label_smoothing)
+        return out[0] if reduction == "none" else out
+    cols, eps = x.shape[1], label_smoothing
+    w_all = weight.double() if weight is not None else None
+    col_blocks = range(0, cols, REFERENCE_BLOCK_COLS)
+    losses, divisor = [x.new_zeros(0, dtype=torch.float64)], x.new_zeros((), dtype=torch.float64)
+    row_block = max(1, REFERENCE_BLOCK_ELEMS // max(1, cols))
     for r0 in range(0, x.shape[0], row_block):
         xr, tr = x[r0:r0 + row_block], t[r0:r0 + row_block].long()
-        keep = tr != ignore_index
-        xr, tr = xr[keep], tr[keep]
-        # log-sum-exp over column blocks, merged in float64
-        lse = torch.stack([torch.logsumexp(xr[:, c0:c0 + 2**26].double(), dim=1)
-                           for c0 in range(0, max(1, xr.shape[1]), 2**26)], dim=1)
-        lse = torch.logsumexp(lse, dim=1)
-        total += (lse - xr.gather(1, tr.unsqueeze(1)).squeeze(1).double()).sum()
-        count += int(keep.sum())
-    return total / count
+        blocks = [xr[:, c0:c0 + REFERENCE_BLOCK_COLS].double() for c0 in col_blocks]
+        lse = torch.logsumexp(torch.stack([torch.logsumexp(b, 1) for b in blocks], 1), 1)
+        counted = tr != ignore_index
+        bad = counted & ((tr < 0) | (tr >= cols))
+        col = tr.clamp(0, cols - 1)
+        w = w_all[col] if w_all is not None else torch.ones_like(lse)
+        loss = w * (lse - xr.gather(1, col[:, None])[:, 0].double())
+        if eps:  # no term at eps 0, even where lse - x is inf
+            smooth = sum(((lse[:, None] - b) * (1.0 if w_all is None else w_all[c0:c0 + b.shape[1]])).sum(1)
+                         for c0, b in zip(col_blocks, blocks))
+            loss = (1 - eps) * loss + eps / cols * smooth
+        losses.append(torch.where(counted, (loss + z_loss * lse**2).masked_fill(bad, math.nan), 0.0))
+        divisor += torch.where(counted, w, 0.0).sum()
+    loss = torch.cat(losses)
+    if reduction == "none":
+        return loss
+    return loss.sum() if reduction == "sum" else loss.sum() / divisor

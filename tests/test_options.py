@@ -10,6 +10,7 @@ import torch
 
 import model_new
 from cases import DTYPES, PATHS, logits, targets, views
+from cases import expected_loss as expected
 from conftest import requires_cuda
 from gpu_checks import RTOL
 
@@ -78,30 +79,6 @@ def test_options_pytorch_rejects_raise_before_any_launch():
     with pytest.raises(NotImplementedError, match="label_smoothing with class weights"):
         model_new.ModelNew(torch.ones(3), label_smoothing=0.1)
     assert model_new.ModelNew(label_smoothing=1).label_smoothing == 1.0
-
-
-def expected(x, t, ignore_index=-100, reduction="mean", weight=None, z_loss=0.0, label_smoothing=0.0):
-    """The loss in float64, written out: a counted row's loss is (1 - eps) times its class's weight
-    (1 without weights) times (lse - x_t), plus eps / C times the sum over classes j of w_j (lse -
-    x_j), plus z_loss * lse**2; an ignored row's is 0; the mean divides the sum by the counted rows'
-    weights. Targets outside [0, C) give NaN in their row."""
-    x, t = x.double(), t.long()
-    if x.dim() == 1:
-        return expected(x[None], t[None], ignore_index, reduction, weight, z_loss,
-                        label_smoothing)[0 if reduction == "none" else ...]
-    cols, eps = x.shape[1], label_smoothing
-    lse = torch.logsumexp(x, 1) if cols else x.new_zeros(x.shape[0])
-    counted, bad = t != ignore_index, (t != ignore_index) & ((t < 0) | (t >= cols))
-    col = t.clamp(0, cols - 1)
-    w_all = weight.double() if weight is not None else x.new_ones(cols)
-    w = w_all[col]
-    smooth = ((lse[:, None] - x) * w_all).sum(1) if eps else 0.0  # eps 0: no term, even where lse - x is inf
-    nll = (1 - eps) * w * (lse - x.gather(1, col[:, None])[:, 0]) + eps / max(cols, 1) * smooth
-    loss = (nll + z_loss * lse**2).masked_fill(bad, math.nan)
-    loss = torch.where(counted, loss, 0.0)
-    if reduction == "none":
-        return loss
-    return loss.sum() if reduction == "sum" else loss.sum() / torch.where(counted, w, 0.0).sum()
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])

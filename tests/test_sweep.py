@@ -37,8 +37,8 @@ def test_sweep_keeps_each_implementations_best_pass(tmp_path, monkeypatch):
 
 
 def test_the_options_sweeps_reference_is_pytorchs():
-    """expected_loss, which the options sweep checks ModelNew against, is PyTorch's loss in float64
-    (plus z_loss * lse**2 per counted row), block by block."""
+    """expected_loss (tests/cases.py), which the options sweep checks ModelNew against, is PyTorch's
+    loss in float64 (plus z_loss * lse**2 per counted row), block by block."""
     import torch
     x, t, w = torch.randn(300, 7), torch.randint(0, 7, (300,)), torch.rand(7)
     t[::5] = -100
@@ -46,16 +46,17 @@ def test_the_options_sweeps_reference_is_pytorchs():
         for weight in [None, w]:
             want = torch.nn.functional.cross_entropy(x.double(), t, None if weight is None else weight.double(),
                                                      reduction=reduction)
-            torch.testing.assert_close(sweep.expected_loss(x, t, weight, reduction), want)
+            torch.testing.assert_close(sweep.expected_loss(x, t, weight=weight, reduction=reduction), want)
     lse = torch.logsumexp(x.double(), 1)
     z = torch.where(t != -100, 0.5 * lse**2, 0.0)
-    torch.testing.assert_close(sweep.expected_loss(x, t, None, "none", 0.5),
+    torch.testing.assert_close(sweep.expected_loss(x, t, reduction="none", z_loss=0.5),
                                torch.nn.functional.cross_entropy(x.double(), t, reduction="none") + z)
     for weight in [None, w]:
         for reduction in ["none", "mean"]:
             want = torch.nn.functional.cross_entropy(x.double(), t, None if weight is None else weight.double(),
                                                      reduction=reduction, label_smoothing=0.2)
-            torch.testing.assert_close(sweep.expected_loss(x, t, weight, reduction, label_smoothing=0.2), want)
+            torch.testing.assert_close(sweep.expected_loss(x, t, weight=weight, reduction=reduction,
+                                                             label_smoothing=0.2), want)
     assert set(sweep.OPTIONS["weight, none, ignore 10%"]) <= sweep.PYTORCH_OPTIONS and "defaults" in sweep.OPTIONS
 
 
