@@ -4,11 +4,11 @@ ModelNew()(logits, targets) equals PyTorch's cross_entropy(logits, targets) with
 (mean reduction, ignore_index -100) for float32, bfloat16 and float16 logits of shape (N, C) or
 (C,) and int64 or int32 class-index targets. The result is a 0-dim tensor of the logits' dtype.
 ModelNew(weight, ignore_index, reduction, label_smoothing) and cross_entropy(input, target, weight,
-ignore_index, reduction, label_smoothing) take those options as PyTorch does (class weights,
-reduction "mean", "sum" or "none", label smoothing; not yet weights and label smoothing together),
-and beyond PyTorch z_loss (z_loss * lse**2 added per row) and return_lse (every row's
-log-sum-exp); they run in a second build of the same kernels, compiled on first use. The default
-build compiles at import for the GPU present, of compute capability 7.5 (T4) or newer.
+ignore_index, reduction, label_smoothing) take the rest of PyTorch's contract: class weights,
+reduction "mean", "sum" or "none", label smoothing, class-probability targets, and inputs
+(N, C, d1, ..., dk); beyond PyTorch, z_loss (z_loss * lse**2 added per row) and return_lse (every
+row's log-sum-exp). Those run in a second build of the same kernels, compiled on first use. The
+default build compiles at import for the GPU present, of compute capability 7.5 (T4) or newer.
 
 One launch reads every logit once and writes nothing of size N x C: each row is reduced to
 (max, sum of exp) in fp32, the target logit picked out on the way; the losses are summed exactly,
@@ -51,14 +51,16 @@ _CUDA_SRC = r"""
 // formulation: exact for huge logits). Rows whose target is -100 are skipped and not counted; a
 // target outside [0, C) gives NaN.
 //
-// Four kernel families; the host's policy (_plan) picks one per problem and its launch shape:
+// Five kernel families; the host's policy (_plan) picks one per problem and its launch shape:
 //   rows in registers  a group of threads per row (or per segment of a row, where rows are too
 //                      few to fill the GPU), streaming 16-byte vectors, a batch in flight;
 //   tiles              short rows, whole tiles of them loaded by the CTA into shared memory;
 //   row batches        one or two rows that fill a CTA's batch of loads exactly, the next batch
 //                      in flight while this one is reduced;
-//   one row            a lone row of up to 128 KB (64 KB on sm_75), one CTA holding all of it.
-// The first three share the rest: CTAs take chunks of work (rows, a tile, a batch), first two
+//   one row            a lone row of up to 128 KB (64 KB on sm_75), one CTA holding all of it;
+//   streamed rows      the options build's: probability targets, inputs (N, C, d1, ..., dk) whose
+//                      classes are strided in memory, class weights with label smoothing.
+// All but one row share the rest: CTAs take chunks of work (rows, a tile, a batch), first two
 // each by their index, then claimed from a counter, so that SMs that stream faster take more and
 // the grid still sweeps the tensor front to back (ChunkClaims). Each chunk's losses are summed in a
 // fixed order and added by integer atomics to a fixed-point number that holds any float exactly
@@ -73,7 +75,7 @@ _CUDA_SRC = r"""
 // log-sum-exp) are run-time fields of Params that only a second build of this source reads
 // (kOptions true): each row's loss passes through row_outcome, a weighted mean divides by a second
 // exact sum, the counted rows' class weights, and label smoothing sums each row's gaps from its max
-// beside its exps (Gap). The default build compiles that code out.
+// beside its exps (Gap). The default build compiles that code out, and the streamed family with it.
 //
 // The constants this source shares with the host (kThreads, kBatch, ...), the launch's parameter
 // block (struct Params) and the device attributes the host's policy reads are written ahead of it
@@ -85,6 +87,7 @@ _CUDA_SRC = r"""
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <cuda_runtime.h>
 
 namespace {
@@ -727,6 +730,22 @@ __device__ __forceinline__ float copied_class_weight(const uint32_t* slot, const
   return E::value(typename E::Storage(at & 2 ? word >> 16 : word));
 }
 
+// What the options build adds to a row's loss in every family: z_loss * lse^2 where the row counts
+// (code >= 0), every row's log-sum-exp where asked, and its loss for reduction none (0 where ignored),
+// stored in the format O, the result's.
+template <class O>
+__device__ __forceinline__ float finish_row(const Params& p, long long row, long long code, Lse st, float log_s,
+                                            float loss) {
+  if (p.z_loss != 0.f || p.lse) {
+    const float lse = st.m + log_s;
+    if (code >= 0 && p.z_loss != 0.f) loss = fmaf(p.z_loss * lse, lse, loss);  // guarded: 0 * inf would be NaN
+    if (p.lse) p.lse[row] = lse;
+  }
+  if (p.reduction == kReductionNone)
+    O::store(static_cast<typename O::Storage*>(p.losses) + row, code == kTargetIgnored ? 0.f : loss);
+  return loss;
+}
+
 // A row's loss from its (m, s), its target's code (target_code's, or target_kind's where the column
 // is not needed) and its target logit: PyTorch's, NaN for a bad target. The options build applies
 // the row's options: times its class's weight (class_weight's), label smoothing (from the row's
@@ -741,14 +760,7 @@ __device__ __forceinline__ float row_outcome(const Params& p, long long row, lon
   if (smoothing(p) && code >= 0) {
     loss = fmaf(1.f - p.label_smoothing, loss, p.smoothing_per_class * fmaf(gap.weight, log_s, gap.sum));
   }
-  if (p.z_loss != 0.f || p.lse) {
-    const float lse = st.m + log_s;
-    if (code >= 0 && p.z_loss != 0.f) loss = fmaf(p.z_loss * lse, lse, loss);  // guarded: 0 * inf would be NaN
-    if (p.lse) p.lse[row] = lse;
-  }
-  if (p.reduction == kReductionNone)
-    E::store(static_cast<typename E::Storage*>(p.losses) + row, code == kTargetIgnored ? 0.f : loss);
-  return loss;
+  return finish_row<E>(p, row, code, st, log_s, loss);
 }
 
 // ================================================================== family: rows in registers
@@ -1690,6 +1702,335 @@ __global__ void __launch_bounds__(kOneRowCta) cross_entropy_one_row_kernel(const
   }
 }
 
+// ================================================================== family: streamed rows
+// What the other families do not take: probability targets, inputs of shape (N, C, d1, ..., dk)
+// whose classes lie d1 * ... * dk elements apart ("strided"), and class weights with label
+// smoothing. A row (one sample position) streams through once and nothing of it is held: a running
+// (m, s), a Gap and, for class indices, the target's logit and class weight, loaded as the row
+// starts. Every loss here is sum_j c_j (lse - x_j), one Gap's W log(s) + sum_j c_j (base - x_j), with
+// c_j the class's share: w_j ((1 - eps) p_j + eps / C) for probability targets p (w_j = 1 without
+// weights), w_j in label smoothing's term for class indices. Contiguous classes: `group` threads (a
+// power of two up to the CTA) take a row's 16-byte vectors in turn, kStreamVecs of each stream at a
+// time (the class weights' too, where they share the logits' 16-byte grid); strided classes: a
+// thread per position, or per four neighbouring ones where their logits share a load (stream_quad),
+// so that neighbouring threads read neighbouring positions and each class's loads coalesce. A
+// chunk is a CTA's worth of rows, claimed as the other families claim theirs, and its sum goes to
+// the exact sum.
+static_assert(kStreamVecs <= kBatch, "a streamed batch, of logits and probabilities, in the registers of a row's batch");
+struct ClassIndices {};  // the targets of a streamed launch without probability targets
+
+// Class j's weight (1 without weights), and its share of the row's loss given it; prob: p_j.
+template <class E>
+__device__ __forceinline__ float weight_at(const Params& p, long long j) {
+  return weighted(p) ? load_scalar<E>(static_cast<const typename E::Storage*>(p.weight) + j) : 1.f;
+}
+template <bool kProbs>
+__device__ __forceinline__ float class_share(const Params& p, float weight, float prob) {
+  return kProbs ? weight * fmaf(1.f - p.label_smoothing, prob, p.smoothing_per_class) : weight;
+}
+
+// One value's exp and gap, of share c: x - base feeds both. (Unused where the build has no streamed family.)
+[[maybe_unused]] __device__ __forceinline__ void exp_and_gap(float x, float base, float c, float& s, Gap& gap) {
+  const float d = x - base;
+  s += exp2_approx(d * kLog2e);
+  gap.sum = fmaf(c, -d, gap.sum);
+  gap.weight += c;
+}
+
+// Adds the first n of K values x[k] (the rest -inf) to a row's running (m, s), and where `shares`
+// to its Gap with share(k) each: one rescale of both, then an exp (and a gap) each. -inf adds
+// exp(-inf) = 0, so only the gaps need n; the test of `shares` is made once: inside the loop, its
+// predicated code cost every value its instructions.
+template <int K, class Share>
+__device__ __forceinline__ void stream_add(Lse& st, Gap& gap, const float (&x)[K], int n, bool shares, Share share) {
+  float m = st.m;
+#pragma unroll
+  for (int k = 0; k < K; ++k) m = fmaxf(m, x[k]);
+  const float base = safe_base(m);
+  float s = st.s * exp2_approx((st.m - base) * kLog2e);
+  if (shares) {
+    gap = gap_rebase(gap, safe_base(st.m), base);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (k < n) exp_and_gap(x[k], base, share(k), s, gap);
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) s += exp2_approx((x[k] - base) * kLog2e);
+  }
+  st = {m, s};
+}
+
+// Columns first, first + step, ... < end of a row, one element at a time, `stride` elements apart:
+// a strided row, or a contiguous row whose probabilities lie off its logits' 16-byte grid.
+template <class E, class P>
+__device__ __forceinline__ void stream_elements(const Params& p, const typename E::Storage* x_row,
+                                                const void* p_row, long long stride, int first, int step, int end,
+                                                Lse& st, Gap& gap) {
+  constexpr bool kProbs = !std::is_same<P, ClassIndices>::value;
+  constexpr int kElems = kProbs ? 8 : 16;  // loads in flight, as many as registers allow
+  using PS = typename std::conditional<kProbs, P, E>::type::Storage;
+  const bool shares = kProbs || smoothing(p);
+  const long long hop = stride * step;  // pointers stepped along: an index times the stride cost a 64-bit product a load
+  const auto* xj = x_row + first * stride;
+  const PS* pj = static_cast<const PS*>(p_row) + first * stride;
+  for (int j0 = first; j0 < end; j0 += kElems * step) {
+    float x[kElems], prob[kElems];
+#pragma unroll
+    for (int k = 0; k < kElems; ++k) {
+      const bool valid = j0 + k * step < end;
+      x[k] = valid ? load_scalar<E>(xj) : -INFINITY;
+      if constexpr (kProbs) prob[k] = valid ? load_scalar<P>(pj) : 0.f;
+      xj += hop;
+      if constexpr (kProbs) pj += hop;
+    }
+    stream_add(st, gap, x, min(kElems, (end - j0 + step - 1) / step), shares, [&](int k) {
+      float p_k = 0.f;
+      if constexpr (kProbs) p_k = prob[k];
+      return class_share<kProbs>(p, weight_at<E>(p, j0 + k * step), p_k);
+    });
+  }
+}
+
+// A contiguous row's whole vectors v = lane, lane + group, ... < nvec, kStreamVecs at a time, with
+// the probabilities' vectors beside them (P's 16-byte words per E vector: 2 for float32
+// probabilities of 16-bit logits) and the class weights' where they share the logits' grid.
+// col0: the first vector's column.
+template <class E, class P>
+__device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_vecs, const void* p_vecs, int col0,
+                                               int lane, int group, int nvec, Lse& st, Gap& gap) {
+  constexpr bool kProbs = !std::is_same<P, ClassIndices>::value;
+  constexpr int kWords = kProbs ? int(sizeof(typename std::conditional<kProbs, P, E>::type::Storage)) * E::kPerVec / 16 : 1;
+  const bool shares = kProbs || smoothing(p);
+  const auto* w = static_cast<const typename E::Storage*>(p.weight) + col0;
+  const bool w_vecs = weighted(p) && shares && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
+  constexpr int kVecs = kProbs ? kStreamVecs / 2 : kStreamVecs;  // two streams: as many bytes in flight, or more
+  const uint4 neg_inf = neg_inf_vec<E>();
+  for (int v0 = lane; v0 < nvec; v0 += kVecs * group) {
+    uint4 xb[kVecs], pb[kVecs][kWords], wb[kVecs];
+#pragma unroll
+    for (int u = 0; u < kVecs; ++u) {
+      const int v = v0 + u * group;
+      xb[u] = v < nvec ? x_vecs[v] : neg_inf;
+      if constexpr (kProbs)
+#pragma unroll
+        for (int k = 0; k < kWords; ++k) pb[u][k] = v < nvec ? static_cast<const uint4*>(p_vecs)[v * kWords + k] : uint4{};
+      if (w_vecs) wb[u] = v < nvec ? reinterpret_cast<const uint4*>(w)[v] : uint4{};
+    }
+    const float m = fmaxf(st.m, vectors_max<E>(xb));
+    const float base = safe_base(m);
+    float s = st.s * exp2_approx((st.m - base) * kLog2e);
+    const int nvalid = min(kVecs, (nvec - v0 + group - 1) / group);
+    // Each element's exp and gap, its weight from weight(u, i, column): one loop per source of weights.
+    auto add_gaps = [&](auto weight) {
+      gap = gap_rebase(gap, safe_base(st.m), base);
+#pragma unroll
+      for (int u = 0; u < kVecs; ++u)
+        if (u < nvalid)
+#pragma unroll
+          for (int i = 0; i < E::kPerVec; ++i) {
+            float prob = 0.f;
+            if constexpr (kProbs) prob = P::at(pb[u][i / P::kPerVec], i % P::kPerVec);
+            const float w_i = weight(u, i, col0 + (v0 + u * group) * E::kPerVec + i);
+            exp_and_gap(E::at(xb[u], i), base, class_share<kProbs>(p, w_i, prob), s, gap);
+          }
+    };
+    if (!shares) s = vectors_sum_exp<E>(xb, base, s, nvalid);
+    else if (w_vecs) add_gaps([&](int u, int i, int) { return E::at(wb[u], i); });
+    else if (weighted(p)) add_gaps([&](int, int, int col) { return weight_at<E>(p, col); });
+    else add_gaps([](int, int, int) { return 1.f; });
+    st = {m, s};
+  }
+}
+
+// One row's (m, s) and Gap in this lane, its share of the row: columns [0, cols), `stride` elements
+// apart (kStrided), else contiguous, taken by `group` lanes.
+template <class E, class P, bool kStrided>
+__device__ __forceinline__ void stream_row(const Params& p, const typename E::Storage* x_row, const void* p_row,
+                                           int lane, int group, Lse& st, Gap& gap) {
+  const int cols = int(p.cols);
+  if constexpr (kStrided) {
+    stream_elements<E, P>(p, x_row, p_row, p.class_stride, 0, 1, cols, st, gap);
+  } else {
+    constexpr bool kProbs = !std::is_same<P, ClassIndices>::value;
+    using PS = typename std::conditional<kProbs, P, E>::type::Storage;
+    const Aligned cut = align_stretch<E>(x_row, cols);
+    const PS* p_body = static_cast<const PS*>(p_row) + cut.head;
+    if (kProbs && (reinterpret_cast<uintptr_t>(p_body) & 15) != 0) {  // the probabilities off the logits' grid
+      stream_elements<E, P>(p, x_row, p_row, 1, lane, group, cols, st, gap);
+      return;
+    }
+    for (int k = lane; k < cols - cut.nvec * E::kPerVec; k += group) {  // the edges, one element each
+      const int j = edge_element<E>(cut, k);
+      const float x[1] = {load_scalar<E>(x_row + j)};
+      float prob = 0.f;
+      if constexpr (kProbs) prob = load_scalar<P>(static_cast<const PS*>(p_row) + j);
+      stream_add(st, gap, x, 1, kProbs || smoothing(p), [&](int) { return class_share<kProbs>(p, weight_at<E>(p, j), prob); });
+    }
+    stream_vectors<E, P>(p, reinterpret_cast<const uint4*>(x_row + cut.head), p_body, cut.head, lane, group, cut.nvec,
+                         st, gap);
+  }
+}
+
+// Four neighbouring positions of strided class indices, a thread's (kQuad): each class's four
+// logits come in one load (16 bytes of float32, 8 of 16-bit), kClasses classes at a time. A
+// lone position's 2- or 4-byte loads kept too few bytes in flight ("Streamed rows"). Adds the
+// positions' losses, class weights and ignored rows to the thread's sums.
+template <class E>
+__device__ __forceinline__ uint4 load_quad(const typename E::Storage* x) {  // elements 0..3 as E::at reads them
+  if constexpr (sizeof(typename E::Storage) == 4) return *reinterpret_cast<const uint4*>(x);
+  const uint2 q = *reinterpret_cast<const uint2*>(x);
+  return make_uint4(q.x, q.y, 0u, 0u);
+}
+template <class E>
+__device__ __forceinline__ void stream_quad(const Params& p, long long row0, float& loss_sum, float& weight_sum,
+                                            unsigned int& ignored) {
+  constexpr int kClasses = 8;
+  int code[kQuad];
+#pragma unroll
+  for (int i = 0; i < kQuad; ++i)
+    code[i] = row0 + i < p.rows ? target_code(p, target_value(p, load_target_words(p, row0 + i))) : kTargetIgnored;
+  Lse st[kQuad];
+  Gap gap[kQuad];
+  float x_t[kQuad];
+#pragma unroll
+  for (int i = 0; i < kQuad; ++i) st[i] = {-INFINITY, 0.f}, gap[i] = {0.f, 0.f}, x_t[i] = 0.f;
+  const int cols = int(p.cols);
+  const bool shares = smoothing(p);
+  if (row0 < p.rows) {  // the logits' loads wait for no target: they go out with the targets'
+    const long long n = row0 / p.class_stride, s = row0 - n * p.class_stride;
+    const auto* x0 = static_cast<const typename E::Storage*>(p.logits) + n * p.row_stride + s;
+    const long long stride = p.class_stride;
+    const auto* xj = x0;  // class j0's: a pointer stepped along, where an index times the stride cost a 64-bit product a load
+    for (int j0 = 0; j0 < cols; j0 += kClasses) {
+      uint4 q[kClasses];
+      const int nvalid = min(kClasses, cols - j0);
+#pragma unroll
+      for (int k = 0; k < kClasses; ++k) {
+        q[k] = k < nvalid ? load_quad<E>(xj) : neg_inf_vec<E>();
+        xj += stride;
+      }
+#pragma unroll
+      for (int i = 0; i < kQuad; ++i) {
+        float x[kClasses];
+#pragma unroll
+        for (int k = 0; k < kClasses; ++k) {
+          x[k] = E::at(q[k], i);
+          if (j0 + k == code[i]) x_t[i] = x[k];  // the target's logit, picked out on the way
+        }
+        stream_add(st[i], gap[i], x, nvalid, shares, [&](int k) { return weight_at<E>(p, j0 + k); });
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kQuad; ++i) {
+    if (row0 + i >= p.rows) continue;
+    const float weight = class_weight<E>(p, code[i]);
+    const float loss = row_outcome<E>(p, row0 + i, code[i], st[i], x_t[i], weight, gap[i]);
+    if (code[i] == kTargetIgnored) {
+      ++ignored;
+    } else {
+      loss_sum += loss;
+      weight_sum += weight;
+    }
+  }
+}
+
+template <class E, class P, bool kStrided>
+__global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streamed_kernel(const Params p) {
+  constexpr bool kProbs = !std::is_same<P, ClassIndices>::value;
+  using O = typename std::conditional<kProbs, P, E>::type;  // the result's format: the promoted dtype
+  __shared__ float4 warp_state[2][kWarps];  // group_merge's, by chunk parity
+  __shared__ float2 warp_gaps[2][kWarps];
+  __shared__ float warp_sums[2][kChunkSums];
+  __shared__ long long claimed[2];
+  const int group = kStrided ? 1 : p.group;
+  const bool quads = kStrided && !kProbs && p.group == kQuad;  // strided: p.group is the positions a thread
+  const int lane = threadIdx.x & (group - 1);
+  const int group_id = threadIdx.x / group;
+  const auto* logits = static_cast<const typename E::Storage*>(p.logits);
+  // A chunk's rows: a CTA's worth. Class indices are loaded a chunk ahead, so that no row's stream
+  // waits on its target's load (quads load theirs as the chunk starts).
+  auto row_of = [&](long long chunk) { return quads ? (chunk * kThreads + threadIdx.x) * kQuad : chunk * (kThreads / group) + group_id; };
+  auto load_target = [&](long long chunk) {
+    const long long row = row_of(chunk);
+    return kProbs || quads || row >= p.rows ? TargetWords{0u, 0u} : load_target_words(p, row);
+  };
+  ChunkClaims claims;
+  TargetWords next_target = load_target(claims.chunk);
+  unsigned int ignored = 0;  // group leaders: the rows of ignore_index they met
+
+  for (int parity = 0; claims.chunk < p.chunks; parity ^= 1) {  // the same in every thread
+    const unsigned int claim = claims.claim(p.counter + 1);
+    const long long row = row_of(claims.chunk);
+    if (kStrided && !kProbs && quads) {
+      float loss = 0.f, weight = 0.f;
+      stream_quad<E>(p, row, loss, weight, ignored);
+      end_chunk(p, true, loss, weight, 1, warp_sums[parity], claims, claim, &claimed[parity]);
+      claims.advance(&claimed[parity]);
+      continue;
+    }
+    const bool live = row < p.rows;
+    const TargetWords target = next_target;
+    next_target = load_target(claims.next);
+    const long long code = kProbs || !live ? 0 : target_code(p, target_value(p, target));
+    Lse st = {-INFINITY, 0.f};
+    Gap gap = {0.f, 0.f};
+    float x_t = 0.f, w_t = 1.f;
+    if (live && (code != kTargetIgnored || every_row(p))) {
+      // The row's first element: sample n's position s, of d1 * ... * dk, where classes are strided.
+      const long long n = kStrided ? row / p.class_stride : row, s = kStrided ? row - n * p.class_stride : 0;
+      const auto* x_row = logits + n * p.row_stride + s;
+      const void* p_row = nullptr;
+      if constexpr (kProbs) p_row = static_cast<const typename P::Storage*>(p.probs) + n * p.probs_stride + s;
+      if (!kProbs && lane == 0 && code >= 0) {
+        x_t = load_scalar<E>(x_row + code * (kStrided ? p.class_stride : 1));
+        w_t = class_weight<E>(p, code);
+      }
+      stream_row<E, P, kStrided>(p, x_row, p_row, lane, group, st, gap);
+    }
+    if (group > 1) group_merge(st, x_t, 0, group, lane, group_id, warp_state[parity], true, gap, warp_gaps[parity]);
+    float loss = 0.f, weight = 0.f;  // group leaders: the row's, where it counts
+    if (live && lane == 0) {
+      if constexpr (kProbs) {
+        const float log_s = logf(st.s);
+        loss = finish_row<O>(p, row, 0, st, log_s, fmaf(gap.weight, log_s, gap.sum));
+      } else {
+        const float outcome = row_outcome<E>(p, row, code, st, x_t, w_t, gap);
+        if (code == kTargetIgnored) {
+          ++ignored;
+        } else {
+          loss = outcome;
+          weight = w_t;
+        }
+      }
+    }
+    end_chunk(p, true, loss, weight, group, warp_sums[parity], claims, claim, &claimed[parity]);
+    claims.advance(&claimed[parity]);
+  }
+
+  if (!arrive_last(p, ignored, true)) return;
+  reset_claims(p.counter + 1);
+  Total total = whole_rows_total(p);
+  if (kProbs) total.divisor = double(p.rows);  // probability targets: the mean is over rows, weighted or not
+  store_result<O>(p, total);
+}
+
+template <class E, bool kStrided>
+void launch_streamed_for(const Params& p) {
+  const dim3 grid(p.grid), block(kThreads);
+  switch (p.probs_dtype) {
+    case kClassIndices: cross_entropy_streamed_kernel<E, ClassIndices, kStrided><<<grid, block, 0, p.stream>>>(p); break;
+    case kFloat32: cross_entropy_streamed_kernel<E, F32, kStrided><<<grid, block, 0, p.stream>>>(p); break;
+    default: cross_entropy_streamed_kernel<E, E, kStrided><<<grid, block, 0, p.stream>>>(p);  // the logits' dtype
+  }
+}
+
+template <class E>
+void launch_streamed(const Params& p) {
+  if (p.class_stride > 1) launch_streamed_for<E, true>(p);
+  else launch_streamed_for<E, false>(p);
+}
+
 // ================================================================== the launch
 // The instance the plan names: its family and the family's compile-time choice. Plain loads have
 // no instance without the lead: there a lone thread's lead is 0 anyway (item_layout), and the
@@ -1731,7 +2072,10 @@ void launch_for_loads(const Params& p) {
 }
 
 template <class E>
-void launch_for_targets(const Params& p) {
+void launch_for_family(const Params& p) {
+  if constexpr (kOptions) {  // the streamed family is the options build's alone
+    if (p.family == kFamilyStreamed) return launch_streamed<E>(p);
+  }
   if (p.target_bytes == 8) launch_for_loads<E, long long>(p);
   else launch_for_loads<E, int>(p);
 }
@@ -1756,14 +2100,18 @@ void launch_cross_entropy(const std::string& block) {
   if (block.size() != sizeof p) throw std::invalid_argument("cross-entropy launch: the parameter block has the wrong size");
   std::memcpy(&p, block.data(), sizeof p);
   const bool known = (p.family == kFamilyRows || p.family == kFamilyTiles || p.family == kFamilyRowBatches ||
-                      p.family == kFamilyOneRow) && (p.dtype == kFloat32 || p.dtype == kBFloat16 || p.dtype == kFloat16);
+                      p.family == kFamilyOneRow || (kOptions && p.family == kFamilyStreamed)) &&
+                     (p.dtype == kFloat32 || p.dtype == kBFloat16 || p.dtype == kFloat16) &&
+                     (p.family != kFamilyStreamed || p.probs_dtype == kClassIndices || p.probs_dtype == kFloat32 ||
+                      p.probs_dtype == p.dtype) &&
+                     (p.family != kFamilyStreamed || p.class_stride == 1 || p.group == 1 || p.group == kQuad);
   if (!known) throw std::invalid_argument("cross-entropy launch: unknown kernel family or dtype");
   int previous = 0;
   cudaGetDevice(&previous);
   if (previous != p.device) cudaSetDevice(p.device);
-  if (p.dtype == kFloat32) launch_for_targets<F32>(p);
-  else if (p.dtype == kBFloat16) launch_for_targets<BF16>(p);
-  else launch_for_targets<F16>(p);
+  if (p.dtype == kFloat32) launch_for_family<F32>(p);
+  else if (p.dtype == kBFloat16) launch_for_family<BF16>(p);
+  else launch_for_family<F16>(p);
   const cudaError_t err = cudaGetLastError();
   if (previous != p.device) cudaSetDevice(previous);
   if (err != cudaSuccess)
@@ -1821,9 +2169,13 @@ _FAST_MEMORY_L2S = 3              # ... and row batches and fp32 evict-first row
 _IGNORE_INDEX = -100      # PyTorch's default: the default build skips it, the options build any other
 _REDUCTIONS = {"mean": 0, "sum": 1, "none": 2}
 
-_ROWS, _TILES, _ROW_BATCHES, _ONE_ROW = range(4)  # the kernel families
+_ROWS, _TILES, _ROW_BATCHES, _ONE_ROW, _STREAMED = range(5)  # the kernel families
 _VECTOR_SWEEPS, _ELEMENT_SWEEPS, _PAIR_SWEEPS = range(3)  # how the tiles' kernel reduces a row (_sweeps)
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_CLASS_INDICES = -1       # a streamed launch's probs_dtype for class-index targets
+_STREAM_VECS = 4          # the streamed family's vectors a thread at a time, per stream ...
+_STREAM_BATCHES = 8       # ... and batches of them a lane per row, where rows are long enough ("Streamed rows")
+_QUAD = 4                 # strided class indices: neighbouring positions a thread, where they share a load
 
 _KERNEL_CONSTANTS = {
     "kThreads": _THREADS, "kCtasPerSm": _CTAS_PER_SM, "kCtasPerSmMoreRegisters": _CTAS_PER_SM_MORE_REGISTERS,
@@ -1831,6 +2183,7 @@ _KERNEL_CONSTANTS = {
     "kTileTargets": _TILE_TARGETS, "kTileMinRows": _TILE_MIN_ROWS, "kSegSlab": _SEG_SLAB, "kRowBatchLoads": _ROW_BATCH_LOADS,
     "kOneRowThreads": _ONE_ROW_THREADS, "kOneRowThreadsSm75": _ONE_ROW_THREADS_SM75, "kExactWords": _EXACT_WORDS,
     "kFamilyRows": _ROWS, "kFamilyTiles": _TILES, "kFamilyRowBatches": _ROW_BATCHES, "kFamilyOneRow": _ONE_ROW,
+    "kFamilyStreamed": _STREAMED, "kClassIndices": _CLASS_INDICES, "kStreamVecs": _STREAM_VECS, "kQuad": _QUAD,
     "kVectorSweeps": _VECTOR_SWEEPS, "kElementSweeps": _ELEMENT_SWEEPS, "kPairSweeps": _PAIR_SWEEPS,
     "kFloat32": _DTYPE_CODES[torch.float32], "kBFloat16": _DTYPE_CODES[torch.bfloat16],
     "kFloat16": _DTYPE_CODES[torch.float16],
@@ -1867,6 +2220,7 @@ _CTA_SHARED_BYTES = {
     _TILES: _TILE_BYTES + 32 + 4 * _THREADS * _TILE_TARGETS + _OPTIONS_SHARED_BYTES[_TILES] + 1024,
     _ROW_BATCHES: 1024,
     _ONE_ROW: 1024,
+    _STREAMED: 1024,
 }
 
 
@@ -1893,7 +2247,7 @@ def _one_row_threads(gpu):
 
 
 class _Plan(NamedTuple):
-    family: int          # _ROWS, _TILES, _ROW_BATCHES or _ONE_ROW
+    family: int          # _ROWS, _TILES, _ROW_BATCHES, _ONE_ROW or _STREAMED
     evict_first: bool    # how the logits are loaded (_evict_first)
     grid: int            # CTAs
     group: int           # threads per item (a row, or a segment of one); the one-row kernel's CTA
@@ -1907,11 +2261,15 @@ class _Plan(NamedTuple):
     batch_rows: int = 0  # row batches: rows per batch
 
 
-def _plan(rows, cols, row_stride, elem_bytes, gpu, offset=0, weighted=False, smoothed=False):
+def _plan(rows, cols, row_stride, elem_bytes, gpu, offset=0, weighted=False, smoothed=False, probs=False, class_stride=1):
     """The launch plan for (rows, cols) logits of elem_bytes each, rows row_stride elements apart,
     the first one `offset` bytes past the 16-byte grid, on `gpu` (a _Gpu); `weighted`: with class
     weights; `smoothed`: with label smoothing, which only tiles and whole rows in registers with
-    evict-first loads compute ("Options")."""
+    evict-first loads compute ("Options"); `probs`: probability targets; class_stride: elements from
+    a class to the next (above 1 for inputs (N, C, d1, ..., dk), whose rows are sample positions).
+    Those, and weights with label smoothing, take the streamed family ("Streamed rows")."""
+    if probs or class_stride > 1 or (weighted and smoothed):
+        return _streamed_shape(rows, cols, elem_bytes, gpu, class_stride, offset, probs)
     family = _family(rows, cols, row_stride, elem_bytes, gpu, offset, weighted, smoothed)
     evict_first = _evict_first(family, rows * cols * elem_bytes, elem_bytes, gpu) or (smoothed and family == _ROWS)
     return _shape(family, rows, cols, row_stride, elem_bytes, gpu, offset, evict_first, smoothed)
@@ -1952,6 +2310,22 @@ def _shape(family, rows, cols, row_stride, elem_bytes, gpu, offset, evict_first,
     if family == _TILES:
         return _tile_shape(rows, cols, row_stride, elem_bytes, gpu, offset, evict_first)
     return _row_shape(rows, cols, elem_bytes, gpu, evict_first, smoothed)
+
+
+def _streamed_shape(rows, cols, elem_bytes, gpu, class_stride, offset, probs):
+    """The streamed family. Strided classes: a thread per position, or per _QUAD of them where their
+    logits share a load (class indices, the class stride and the first logit on the grid of _QUAD
+    elements), in `group`. Contiguous: lanes few enough that each takes _STREAM_BATCHES batches of
+    a row (each row's merge and the wait for its last batch amortized), at most a CTA. A chunk is a
+    CTA's rows; every CTA that fits, or as many as there are chunks."""
+    if class_stride > 1:
+        group = _QUAD if not probs and class_stride % _QUAD == 0 and offset % (_QUAD * elem_bytes) == 0 else 1
+        chunks = -(-rows // (_THREADS * group))
+        return _Plan(_STREAMED, False, max(1, min(_max_grid(_STREAMED, gpu), chunks)), group, chunks)
+    batches = _STREAM_VECS * _STREAM_BATCHES
+    group = min(_THREADS, _pow2_at_least(max(1, -(-(cols // (16 // elem_bytes)) // batches))))
+    chunks = -(-rows // (_THREADS // group))
+    return _Plan(_STREAMED, False, max(1, min(_max_grid(_STREAMED, gpu), chunks)), group, chunks)
 
 
 def _pow2_at_least(x):
@@ -2157,10 +2531,12 @@ def _gpu(device_index):
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan_on(device_index, rows, cols, row_stride, elem_bytes, offset, weighted=False, smoothed=False):
+def _plan_on(device_index, rows, cols, row_stride, elem_bytes, offset, weighted=False, smoothed=False, probs=False,
+             class_stride=1):
     """_plan on GPU device_index, cached: the host's time per call shows in KernelBench's timing
     (see _cross_entropy). A test that changes the policy clears it."""
-    return _plan(rows, cols, row_stride, elem_bytes, _gpu(device_index), offset, weighted, smoothed)
+    return _plan(rows, cols, row_stride, elem_bytes, _gpu(device_index), offset, weighted, smoothed, probs,
+                 class_stride)
 
 
 # =============================================================================================
@@ -2183,7 +2559,7 @@ _PARAMS = (
     ("chunks", "long long", "q", "the units of work the CTAs claim"),
     ("splits", "int", "i", "rows in registers: segments per row"),
     ("seg_len", "int", "i", "... columns per segment"),
-    ("group", "int", "i", "threads per item, a power of two; the one-row kernel's CTA"),
+    ("group", "int", "i", "threads per item, a power of two; the one-row kernel's CTA; strided: positions a thread"),
     ("chunk_rounds", "int", "i", "rows in registers: items per group in a chunk"),
     ("tile_rows", "int", "i", "tiles: rows per tile"),
     ("target_bytes", "int", "i", "8 (int64) or 4 (int32)"),
@@ -2207,6 +2583,10 @@ _PARAMS = (
     ("z_loss", "float", "f", "adds z_loss * lse^2 to each counted row's loss"),
     ("label_smoothing", "float", "f", "eps: label smoothing's share of each row's loss"),
     ("smoothing_per_class", "float", "f", "eps / C"),
+    ("probs", "const void*", "Q", "streamed: probability targets, the logits' shape; null: class indices"),
+    ("probs_stride", "long long", "q", "... elements from a sample's to the next"),
+    ("class_stride", "long long", "q", "streamed: elements from a class to the next (d1 * ... * dk; 1: contiguous)"),
+    ("probs_dtype", "int", "i", "kFloat32, the logits' dtype, or kClassIndices"),
 )
 _Params = namedtuple("_Params", [name for name, *_ in _PARAMS])
 _PARAMS_STRUCT = struct.Struct("@" + "".join(code for _, _, code, _ in _PARAMS) + "0q")  # padded as C pads
@@ -2301,9 +2681,8 @@ _ext = _load_extension()
 
 @functools.lru_cache(maxsize=None)
 def _options_extension():
-    """The same kernels with run-time options (an ignore_index other than -100, reduction sum or
-    none), built on their first use: the default build, which KernelBench times, never waits for
-    it, and keeps its machine code."""
+    """The same kernels with run-time options, and the streamed family, built on their first use:
+    the default build, which KernelBench times, never waits for it, and keeps its machine code."""
     return _build(_ARCHS, options=True)
 
 # =============================================================================================
@@ -2335,34 +2714,40 @@ def _workspace(device_index, stream, nbytes):
 
 
 def _check_inputs(logits, targets):
+    """PyTorch's checks, with clearer messages; returns whether the targets are class probabilities."""
     # Each tensor attribute is read once or twice: this runs on every call, ahead of the launch.
     if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise TypeError("cross_entropy expects two tensors: logits and class-index targets")
+        raise TypeError("cross_entropy expects two tensors: logits and targets")
     if logits.dtype not in _DTYPE_CODES:
         raise TypeError(f"logits must be float32, bfloat16 or float16; got {logits.dtype}")
-    if targets.dtype not in _TARGET_DTYPES:
-        if targets.dtype.is_floating_point:
-            raise TypeError("targets must be int64 or int32 class indices; "
-                            f"got {targets.dtype} (class-probability targets are not supported)")
-        raise TypeError(f"targets must be int64 or int32 class indices; got {targets.dtype}")
+    probs = targets.dtype.is_floating_point
+    if probs and targets.dtype not in _DTYPE_CODES:
+        raise TypeError(f"class-probability targets must be float32, bfloat16 or float16; got {targets.dtype}")
+    if not probs and targets.dtype not in _TARGET_DTYPES:
+        raise TypeError(f"class-index targets must be int64 or int32; got {targets.dtype}")
     if not (logits.is_cuda and targets.is_cuda):
         raise ValueError(f"logits and targets must be CUDA tensors; got {logits.device} and {targets.device}")
     if logits.get_device() != targets.get_device():
         raise ValueError(f"logits and targets are on different devices: {logits.device} and {targets.device}")
     shape, target_shape = logits.shape, targets.shape
-    if len(shape) not in (1, 2):
-        raise ValueError(f"logits must have shape (N, C) or (C,); got {tuple(shape)}")
-    if len(target_shape) != len(shape) - 1:
-        raise ValueError(f"targets must have shape (N,) for logits (N, C), or () for logits (C,); "
-                         f"got {tuple(target_shape)} for {tuple(shape)}")
-    if len(shape) == 2 and target_shape[0] != shape[0]:
-        raise ValueError(f"batch sizes differ: logits have {shape[0]} rows, targets {target_shape[0]}")
-    if shape[-1] == 0:
+    if not shape:
+        raise ValueError("logits must have shape (C,), (N, C) or (N, C, d1, ..., dk); got a 0-dim tensor")
+    if probs and target_shape != shape:
+        raise ValueError(f"class-probability targets must have the logits' shape {tuple(shape)}; got {tuple(target_shape)}")
+    if not probs and target_shape != (shape[:1] + shape[2:] if len(shape) > 1 else ()):
+        if len(shape) > 1 and len(target_shape) == len(shape) - 1 and target_shape[0] != shape[0]:
+            raise ValueError(f"batch sizes differ: logits have {shape[0]} samples, targets {target_shape[0]}")
+        expected = tuple(shape[:1] + shape[2:]) if len(shape) > 1 else ()
+        raise ValueError(f"class-index targets must have shape {expected} for logits {tuple(shape)}; "
+                         f"got {tuple(target_shape)}")
+    cols = shape[1] if len(shape) > 1 else shape[0]
+    if cols == 0:
         raise ValueError("logits have no classes (C = 0)")
-    if shape[-1] > _MAX_SEG * _SEG_SLAB:
-        raise ValueError(f"logits have {shape[-1]} classes; at most {_MAX_SEG * _SEG_SLAB} are supported")
+    if cols > _MAX_SEG * _SEG_SLAB:
+        raise ValueError(f"logits have {cols} classes; at most {_MAX_SEG * _SEG_SLAB} are supported")
     if _ext is None:
         raise RuntimeError("the cross-entropy extension was not built: no CUDA device was visible at import")
+    return probs
 
 
 def _first_bad_target(targets, cols, ignore_index):
@@ -2381,23 +2766,41 @@ def _first_bad_target(targets, cols, ignore_index):
 # time"). So the dispatch reads each tensor attribute once, plans once per problem (_plan_on), and
 # asks torch for the raw stream handle.
 def _cross_entropy(logits, targets, options, check_targets=False):
-    _check_inputs(logits, targets)
-    unbatched = logits.dim() == 1
-    if unbatched:
-        logits, targets = logits.unsqueeze(0), targets.reshape(1)
-    if logits.stride(1) != 1 and logits.shape[1] > 1:
+    probs = _check_inputs(logits, targets)
+    shape = logits.shape
+    # Rows: logits (C,) are one; (N, C, d1, ..., dk) are N * d1 * ... * dk, a row per sample position,
+    # whose classes lie class_stride = d1 * ... * dk elements apart where they are not contiguous.
+    class_stride = 1
+    if len(shape) == 1:
+        logits, targets = logits.unsqueeze(0), targets.unsqueeze(0)
+    elif len(shape) > 2:
+        logits, targets, class_stride = _positions(logits, targets, probs)
+    if class_stride == 1 and logits.stride(1) != 1 and logits.shape[1] > 1:
         logits = logits.contiguous()  # the kernels stream along rows; columns must be adjacent
-    rows, cols = logits.shape
+    cols = logits.shape[1]
+    rows = logits.shape[0] if class_stride == 1 else shape[0] * class_stride
+    row_stride = logits.stride(0)  # from a sample's first logit to the next's
+    result_dtype = logits.dtype
+    if probs:
+        if options.ignore_index >= 0:
+            raise ValueError("ignore_index is not supported for class-probability targets")
+        if targets.dtype != logits.dtype:  # PyTorch's type promotion: float32 for any two different dtypes
+            targets, result_dtype = targets.float(), torch.float32
+        if class_stride == 1 and targets.stride(1) != 1 and cols > 1:
+            targets = targets.contiguous()
     weight = options.weight
     if weight is not None:
         weight = _check_weight(weight, logits)
-    if check_targets:
+    if check_targets and not probs:
         _first_bad_target(targets, cols, options.ignore_index)
-    index, row_stride, logits_ptr, elem_bytes = logits.get_device(), logits.stride(0), logits.data_ptr(), logits.element_size()
+    index, logits_ptr, elem_bytes = logits.get_device(), logits.data_ptr(), logits.element_size()
     smoothing = options.label_smoothing
-    if smoothing and cols > _MAX_SEG:
-        raise ValueError(f"label smoothing takes at most {_MAX_SEG} classes; got {cols}")
-    plan = _plan_on(index, rows, cols, row_stride, elem_bytes, logits_ptr % 16, weight is not None, smoothing != 0)
+    streamed = probs or class_stride > 1
+    if (smoothing or streamed) and cols > _MAX_SEG:
+        raise ValueError(f"label smoothing, probability targets and inputs (N, C, d1, ..., dk) take at most "
+                         f"{_MAX_SEG} classes; got {cols}")
+    plan = _plan_on(index, rows, cols, row_stride, elem_bytes, logits_ptr % 16, weight is not None, smoothing != 0,
+                    probs, class_stride)
     exact_off, weight_off, seg_off, nbytes = _workspace_layout(plan, rows)
     stream = _current_stream(index)
     # Held until the launch: inside graph capture it is not cached, and a buffer freed there would be
@@ -2406,27 +2809,44 @@ def _cross_entropy(logits, targets, options, check_targets=False):
     base = ws.data_ptr()
     reduction = options.reduction
     # reduction none: a loss per row, which the kernel writes instead of the result
-    out = torch.empty(() if reduction != "none" else (rows,), dtype=logits.dtype, device=logits.device)
+    out = torch.empty(() if reduction != "none" else (rows,), dtype=result_dtype, device=logits.device)
     out_ptr = out.data_ptr()
     lse = torch.empty(rows, dtype=torch.float32, device=logits.device) if options.return_lse else None
     params = _Params(
-        logits=logits_ptr, targets=targets.data_ptr(), out=out_ptr, counter=base, ignored_rows=base + 8,
-        exact=base + exact_off, seg_partials=base + seg_off, rows=rows, cols=cols, row_stride=row_stride,
-        target_stride=targets.stride(0) if rows else 1, items=rows * plan.splits, chunks=plan.chunks,
-        splits=plan.splits, seg_len=plan.seg_len, group=plan.group, chunk_rounds=plan.rounds,
+        logits=logits_ptr, targets=0 if probs else targets.data_ptr(), out=out_ptr, counter=base,
+        ignored_rows=base + 8, exact=base + exact_off, seg_partials=base + seg_off, rows=rows, cols=cols,
+        row_stride=row_stride, target_stride=targets.stride(0) if rows and not probs else 1, items=rows * plan.splits,
+        chunks=plan.chunks, splits=plan.splits, seg_len=plan.seg_len, group=plan.group, chunk_rounds=plan.rounds,
         tile_rows=plan.tile_rows, target_bytes=targets.element_size(), family=plan.family, sweeps=plan.sweeps,
         batch_rows=plan.batch_rows, dtype=_DTYPE_CODES[logits.dtype], grid=plan.grid, device=index,
         lead_256=plan.lead_256, evict_first=plan.evict_first, stream=stream,
         ignore_index=options.ignore_index, reduction=_REDUCTIONS[reduction],
         losses=out_ptr if reduction == "none" else 0, weight=0 if weight is None else weight.data_ptr(),
         weight_exact=base + weight_off, lse=0 if lse is None else lse.data_ptr(), z_loss=options.z_loss,
-        label_smoothing=smoothing, smoothing_per_class=smoothing / cols)
-    (_ext if options is _DEFAULTS else _options_extension()).launch(_PARAMS_STRUCT.pack(*params))
-    if unbatched and reduction == "none":
-        out = out.reshape(())
+        label_smoothing=smoothing, smoothing_per_class=smoothing / cols,
+        probs=targets.data_ptr() if probs else 0, probs_stride=targets.stride(0) if probs else 0,
+        class_stride=class_stride, probs_dtype=_DTYPE_CODES[targets.dtype] if probs else _CLASS_INDICES)
+    (_ext if options is _DEFAULTS and not streamed else _options_extension()).launch(_PARAMS_STRUCT.pack(*params))
+    if len(shape) != 2 and (reduction == "none" or lse is not None):  # per row: back to the samples' shape
+        positions = shape[:1] + shape[2:] if len(shape) > 1 else ()
+        out = out.reshape(positions) if reduction == "none" else out
+        lse = lse.reshape(positions) if lse is not None else None
     if lse is None:
         return out
-    return out, lse.reshape(()) if unbatched else lse
+    return out, lse
+
+
+def _positions(logits, targets, probs):
+    """Logits (N, C, d1, ..., dk) and their targets as rows of sample positions, in the order of the
+    targets (N, d1, ..., dk): a view (N * d1 * ... * dk, C) where each position's classes are
+    contiguous (channels last), else the contiguous logits, whose classes lie d1 * ... * dk apart
+    (the returned class stride). Probability targets follow the logits' layout."""
+    cols = logits.shape[1]
+    last = logits.movedim(1, -1)
+    if last.is_contiguous():
+        return last.reshape(-1, cols), targets.movedim(1, -1).reshape(-1, cols) if probs else targets.reshape(-1), 1
+    positions = math.prod(logits.shape[2:])
+    return logits.contiguous(), targets.contiguous() if probs else targets.reshape(-1), positions
 
 
 class _Options(NamedTuple):
@@ -2459,8 +2879,6 @@ def _options(weight=None, ignore_index=_IGNORE_INDEX, reduction="mean", z_loss=0
         raise ValueError(f"z_loss must be a finite number; got {z_loss!r}")
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) or not 0 <= label_smoothing <= 1:
         raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
-    if label_smoothing and weight is not None:
-        raise NotImplementedError("label_smoothing with class weights is not supported yet")
     options = _Options(weight, operator.index(ignore_index), reduction, float(z_loss), bool(return_lse),
                        float(label_smoothing))
     return _DEFAULTS if weight is None and options[1:] == _DEFAULTS[1:] else options
@@ -2485,15 +2903,18 @@ def _check_targets_from_env():
 
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, z_loss=0.0,
                   return_lse=False):
-    """PyTorch's cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing) for
-    logits of shape (N, C) or (C,) and class-index targets, in one launch. weight: a class weight per
-    column, of the logits' dtype; the mean then divides by the counted rows' weights. reduction
-    "none" gives a loss per row in the logits' dtype (0 where the target is ignored); "sum" their
-    sum; "mean" their mean. label_smoothing (eps): each row's loss is (1 - eps) times its own plus
-    eps / C times the sum of -log_softmax over its classes (not yet with weights).
+    """PyTorch's cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing), in
+    one launch. input: logits (C,), (N, C) or (N, C, d1, ..., dk), a row per sample position; target:
+    class indices (int64 or int32) of shape (), (N,) or (N, d1, ..., dk), or class probabilities of
+    the input's shape (the result in the promoted dtype, float32 for two different ones). weight: a
+    class weight per column, of the logits' dtype; with class indices the mean then divides by the
+    counted rows' weights, with probabilities by the rows. reduction "none" gives a loss per row
+    (0 where the target is ignored), of the targets' shape for indices; "sum" their sum; "mean" their
+    mean. label_smoothing (eps): the targets mixed with the uniform distribution, (1 - eps) of each
+    row's own plus eps / C of each class, weighted as PyTorch weighs them.
     Beyond PyTorch: z_loss adds z_loss * lse**2 to each counted row's loss (lse: its log-sum-exp;
     the mean divides as before), and return_lse=True returns (loss, lse), lse every row's
-    log-sum-exp in float32, ignored rows' too."""
+    log-sum-exp in float32, ignored rows' too, in the shape of the loss per row."""
     options = _options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing)
     return _cross_entropy(input, target, options, _check_targets_from_env())
 
@@ -2502,7 +2923,7 @@ class ModelNew(torch.nn.Module):
     """Cross-entropy over rows, computed by one fused CUDA kernel (forward only). With no arguments,
     KernelBench's problem: the mean, ignore_index -100. weight, ignore_index, reduction and
     label_smoothing as PyTorch's cross-entropy loss module takes them (weight is a buffer, moved with
-    the module); z_loss as cross_entropy takes it."""
+    the module); z_loss as cross_entropy takes it; inputs and targets as cross_entropy takes them."""
 
     def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, z_loss=0.0,
                  check_targets=None):

@@ -39,7 +39,7 @@ def launched_kernel(fn):
     family = re.search(r"cross_entropy_(\w+?)_kernel", name).group(1)
     args = name[name.index("<") + 1:name.rindex(">")].split(", ")
     params = {"rows": ("E", "Target", "evict_first", "lead_256"), "tiles": ("E", "Target", "sweeps", "evict_first"),
-              "row_batches": ("E", "batch_rows", "evict_first"), "one_row": ("E",)}[family]
+              "row_batches": ("E", "batch_rows", "evict_first"), "one_row": ("E",), "streamed": ("E", "P", "kStrided")}[family]
     assert len(args) == len(params), name
     return family, dict(zip(params, args))
 

@@ -307,7 +307,7 @@ def test_bad_inputs_raise_clearly(model):
         ((x.unsqueeze(0), t), ValueError, "shape"),
         ((x, t[:5]), ValueError, "batch sizes differ"),
         ((x, t.unsqueeze(1)), ValueError, "targets must have shape"),
-        ((x, t.float()), TypeError, "class-probability"),
+        ((x, t.float()), ValueError, "class-probability targets must have the logits' shape"),
         ((x.double(), t), TypeError, "float32, bfloat16 or float16"),
         ((x, t.short()), TypeError, "int64 or int32"),
         ((x[:, :0], t), ValueError, "no classes"),

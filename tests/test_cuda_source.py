@@ -16,10 +16,13 @@ PTXAS = os.path.join(os.path.dirname(os.path.realpath(NVCC)), "ptxas") if NVCC e
 
 # Instances per family: 3 logit dtypes x, for rows in registers, 2 target types x (plain, evict-first,
 # evict-first without the 256-byte lead); for tiles, 2 target types x 3 sweeps x 2 kinds of load;
-# for row batches, 1 or 2 rows x 2 kinds of load; one row, the dtype alone.
+# for row batches, 1 or 2 rows x 2 kinds of load; one row, the dtype alone. The options build adds
+# the streamed family: contiguous or strided classes x (class indices, probabilities of the logits'
+# dtype, float32 probabilities: one instance with the second for float32 logits).
 INSTANCES = {"rows": 3 * 2 * 3, "tiles": 3 * 2 * 3 * 2, "row_batches": 3 * 2 * 2, "one_row": 3}
+OPTIONS_INSTANCES = {**INSTANCES, "streamed": 2 * (2 + 3 + 3)}
 FAMILY_CODES = {"rows": model_new._ROWS, "tiles": model_new._TILES, "row_batches": model_new._ROW_BATCHES,
-                "one_row": model_new._ONE_ROW}
+                "one_row": model_new._ONE_ROW, "streamed": model_new._STREAMED}
 # Shared memory a family's launch adds to its arrays: rows in registers, segments_total's slab.
 DYNAMIC_SHARED = {"rows": 16 * model_new._SEG_SLAB + 4 * model_new._THREADS}
 ARCHS = sorted({f"{t['major']}{t['minor']}" for t in GPUS.values()}, key=int)
@@ -47,7 +50,8 @@ def test_compiles_without_spills(arch, options, tmp_path):
     assert "warning" not in report.lower(), report
     kernels = re.findall(r"Compiling entry function '(\w+)'", report)
     families = [re.search(r"cross_entropy_([a-z_]+?)_kernelI", k).group(1) for k in kernels]
-    assert {f: families.count(f) for f in INSTANCES} == INSTANCES and len(kernels) == sum(INSTANCES.values()), report
+    instances = OPTIONS_INSTANCES if options else INSTANCES
+    assert {f: families.count(f) for f in instances} == instances and len(kernels) == sum(instances.values()), report
     spills = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert len(spills) == len(kernels), report
     assert all(s == ("0", "0", "0") for s in spills), report
@@ -64,7 +68,7 @@ def test_compiles_without_spills(arch, options, tmp_path):
         expected = (str(one_row_threads), "") if family == "one_row" else (str(model_new._THREADS), str(ctas))
         assert (threads, min_ctas) == expected, (family, threads, min_ctas)
     # The launch bounds leave 65536 / (threads per SM) registers, in steps of 8.
-    budget = {f: 65536 // (model_new._THREADS * ctas) // 8 * 8 for f in INSTANCES}
+    budget = {f: 65536 // (model_new._THREADS * ctas) // 8 * 8 for f in OPTIONS_INSTANCES}
     budget["one_row"] = 65536 // one_row_threads // 8 * 8
     usage = re.findall(r"Used (\d+) registers, (?:used \d+ barriers, )?(\d+) bytes smem", report)
     assert len(usage) == len(kernels), report

@@ -76,9 +76,8 @@ def test_options_pytorch_rejects_raise_before_any_launch():
     for eps in [-0.1, 1.5, math.nan, "0.1"]:
         with pytest.raises(ValueError, match="label_smoothing must be between 0.0 and 1.0"):
             model_new.ModelNew(label_smoothing=eps)
-    with pytest.raises(NotImplementedError, match="label_smoothing with class weights"):
-        model_new.ModelNew(torch.ones(3), label_smoothing=0.1)
     assert model_new.ModelNew(label_smoothing=1).label_smoothing == 1.0
+    assert model_new.ModelNew(torch.ones(3), label_smoothing=0.1).label_smoothing == 0.1
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
@@ -111,8 +110,9 @@ def test_the_float64_reference_is_pytorchs(reduction, ignore_index):
 def test_the_options_build_keeps_the_default_builds_fields_in_place():
     """Its fields come last, and only its source reads them (kOptions)."""
     names = [name for name, *_ in model_new._PARAMS]
-    assert names[-9:] == ["ignore_index", "reduction", "losses", "weight", "weight_exact", "lse", "z_loss",
-                          "label_smoothing", "smoothing_per_class"]
+    assert names[-13:] == ["ignore_index", "reduction", "losses", "weight", "weight_exact", "lse", "z_loss",
+                           "label_smoothing", "smoothing_per_class", "probs", "probs_stride", "class_stride",
+                           "probs_dtype"]
     assert "constexpr bool kOptions = false;" in model_new._cuda_source()
     assert "constexpr bool kOptions = true;" in model_new._cuda_source(options=True)
 
