@@ -64,13 +64,17 @@ def load_problem(ref_src, sub_src, build_dir=None):
 
 
 # ------------------------------------------------------------------------------- correctness
-def with_options(context, reduction="mean", ignore_fraction=0.0, weight=False, label_smoothing=0.0):
+def with_options(context, reduction="mean", ignore_fraction=0.0, weight=False, label_smoothing=0.0,
+                 soft_targets=False):
     """The problem with PyTorch's options: the reduction, a share of the targets set to the ignore
     index (drawn after the inputs from the same seed), class weights (the init inputs, so that both
-    models get them in the precision and on the device) and label smoothing. The defaults leave it
-    as KernelBench defines it."""
-    if reduction == "mean" and not ignore_fraction and not weight and not label_smoothing:
+    models get them in the precision and on the device), label smoothing, and class-probability
+    targets in place of the indices (a softmax of normal logits, drawn after the inputs). The
+    defaults leave it as KernelBench defines it."""
+    if reduction == "mean" and not ignore_fraction and not weight and not label_smoothing and not soft_targets:
         return context
+    if soft_targets and ignore_fraction:
+        raise ValueError("probability targets have no ignore index: --soft-targets takes no --ignore-fraction")
     get_inputs, init_inputs = context["get_inputs"], context["get_init_inputs"]
     if weight:
         if "num_classes" not in context:
@@ -89,6 +93,8 @@ def with_options(context, reduction="mean", ignore_fraction=0.0, weight=False, l
 
     def inputs():
         predictions, targets = get_inputs()
+        if soft_targets:
+            return [predictions, torch.softmax(torch.randn(predictions.shape), -1)]
         return [predictions, targets.masked_fill(torch.rand(targets.shape) < ignore_fraction, IGNORE_INDEX)]
 
     model_new = functools.partial(context["ModelNew"], reduction=reduction, label_smoothing=label_smoothing)
@@ -298,6 +304,8 @@ def main(argv=None):
                     help="share of the targets set to the ignore index -100 (default 0)")
     ap.add_argument("--weight", action="store_true", help="random class weights for both models")
     ap.add_argument("--label-smoothing", type=float, default=0.0, metavar="EPS")
+    ap.add_argument("--soft-targets", action="store_true",
+                    help="class-probability targets of the logits' shape and precision; the floor reads them too")
     args = ap.parse_args(argv)
 
     with open(args.reference) as f:
@@ -313,7 +321,8 @@ def main(argv=None):
         return 1
     load_s = time.perf_counter() - t0
     print(f"loaded in {load_s:.1f} s", flush=True)
-    context = with_options(context, args.reduction, args.ignore_fraction, args.weight, args.label_smoothing)
+    context = with_options(context, args.reduction, args.ignore_fraction, args.weight, args.label_smoothing,
+                           args.soft_targets)
     if not torch.cuda.is_available():
         print("run_eval needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
@@ -330,6 +339,7 @@ def main(argv=None):
         "ignore_fraction": args.ignore_fraction,
         "weight": args.weight,
         "label_smoothing": args.label_smoothing,
+        "soft_targets": args.soft_targets,
     }
 
     print(f"correctness ({args.correct_trials} trials, tolerance {TOLERANCE[args.precision]:g}):", flush=True)
@@ -344,14 +354,16 @@ def main(argv=None):
     init = process_inputs(context["get_init_inputs"](), device, dtype)
     inputs = process_inputs(context["get_inputs"](), device, dtype)
     logits = inputs[0]
-    logit_bytes = logits.numel() * logits.element_size()
+    # The bytes a launch must read: the logits, and probability targets where they are the targets.
+    logit_bytes = sum(x.numel() * x.element_size() for x in (inputs if args.soft_targets else inputs[:1]))
     report["shape"] = list(logits.shape)
     model_new = context["ModelNew"](*init).to(device=device, dtype=dtype)
     model = context["Model"](*init).to(device=device, dtype=dtype)
     impls = {"model_new": model_new, "eager": model}
     if not args.no_compile:
         impls["compile"] = torch.compile(model, backend="inductor", mode="default")
-    impls["floor"] = stream_read_fn(device)
+    read = stream_read_fn(device)
+    impls["floor"] = (lambda x, t: (read(x), read(t))) if args.soft_targets else read
 
     results = {}
     for key, fn in impls.items():
@@ -364,7 +376,8 @@ def main(argv=None):
     print(f"device {report['device']} | torch {report['torch']} | CUDA {report['cuda']} | "
           f"{args.precision} | {logits.shape[0]} x {logits.shape[1]} | reduction {args.reduction}, "
           f"{args.ignore_fraction:g} of the targets ignored" + (", class weights" if args.weight else "")
-          + (f", label smoothing {args.label_smoothing:g}" if args.label_smoothing else ""))
+          + (f", label smoothing {args.label_smoothing:g}" if args.label_smoothing else "")
+          + (", probability targets" if args.soft_targets else ""))
     print(f"correct: {passed}/{args.correct_trials} trials")
     print(format_table(results, logit_bytes))
     print(f"Speedup over eager: {report['speedup_eager']:.2f}x")

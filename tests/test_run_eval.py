@@ -156,3 +156,21 @@ def test_label_smoothing_reaches_both_models():
     assert opt["ModelNew"]().label_smoothing == 0.1
     x, t = torch.randn(64, 4096), torch.randint(0, 4096, (64,))
     assert torch.equal(opt["Model"]()(x, t), torch.nn.functional.cross_entropy(x, t, label_smoothing=0.1))
+
+
+def test_soft_targets_replace_the_indices_in_both_models():
+    """--soft-targets: probabilities of the logits' shape (rows summing to 1), drawn after the inputs
+    from the same seed, reach the reference and ModelNew alike; they have no ignore index."""
+    ctx = run_eval.load_problem(REF, "import torch\nclass ModelNew(torch.nn.Module):\n"
+                                     "    def __init__(self, reduction='mean', label_smoothing=0.0):\n"
+                                     "        super().__init__()\n        self.reduction = reduction\n")
+    opt = run_eval.with_options(ctx, "sum", soft_targets=True)
+    torch.manual_seed(0)
+    x, p = opt["get_inputs"]()
+    torch.manual_seed(0)
+    x2, p2 = opt["get_inputs"]()
+    assert p.shape == x.shape == (32768, 4096) and p.dtype == torch.float32 and torch.equal(p, p2)
+    torch.testing.assert_close(p[:64].sum(1), torch.ones(64))
+    assert torch.equal(opt["Model"]()(x[:64], p[:64]), torch.nn.functional.cross_entropy(x[:64], p[:64], reduction="sum"))
+    with pytest.raises(ValueError, match="no ignore index"):
+        run_eval.with_options(ctx, soft_targets=True, ignore_fraction=0.1)
