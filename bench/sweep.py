@@ -3,6 +3,7 @@
 
     python bench/sweep.py [--shapes 32768x4096,16x256000] [--dtypes float32,bfloat16] [--out bench/results/h100_sweep]
     python bench/sweep.py --options [--shapes ...] [--out bench/results/h100_options]
+    python bench/sweep.py --kdim [--out bench/results/h100_kdim]
 
 Every figure is KernelBench's cuda_event method (3 warm-ups, 256 MB L2 flush before each trial,
 1 discarded + N timed trials, mean). Writes a table to stdout, OUT.json (a list of rows: N, C,
@@ -10,6 +11,10 @@ dtype, impl, mean_ms, ...) and, where matplotlib is installed, OUT.png.
 --options: ModelNew with each set of OPTIONS (cross_entropy's options, the defaults first) beside
 the read of the same logits and eager PyTorch with the same options where PyTorch has them, at
 every sweep shape of 64 MiB or more; rows N, C, dtype, options, impl, mean_ms, floor_ms, correct.
+Probability targets ("soft") are read beside the logits: their floor reads both.
+--kdim: logits (N, C, d1, ..., dk) of KDIM_SHAPES, classes strided in memory, with class-index
+targets: ModelNew, eager and torch.compile beside the read of the logits and the targets; rows
+shape, dtype, impl, mean_ms, floor_ms, logits_floor_ms, correct.
 """
 import argparse
 import functools
@@ -36,8 +41,14 @@ IMPLS = ("model_new", "eager", "compile", "floor")
 OPTIONS = {"defaults": {}, "sum": {"reduction": "sum"}, "none": {"reduction": "none"}, "ignore 10%": {"ignore": 0.1},
            "weight": {"weight": True}, "weight, none, ignore 10%": {"weight": True, "reduction": "none", "ignore": 0.1},
            "z_loss": {"z_loss": 1e-4}, "lse": {"return_lse": True}, "label smoothing": {"label_smoothing": 0.1},
-           "label smoothing, none, ignore 10%": {"label_smoothing": 0.1, "reduction": "none", "ignore": 0.1}}
-PYTORCH_OPTIONS = {"reduction", "weight", "ignore", "label_smoothing"}
+           "label smoothing, none, ignore 10%": {"label_smoothing": 0.1, "reduction": "none", "ignore": 0.1},
+           "weight, label smoothing": {"weight": True, "label_smoothing": 0.1},
+           "weight, label smoothing, none, ignore 10%": {"weight": True, "label_smoothing": 0.1, "reduction": "none",
+                                                        "ignore": 0.1},
+           "soft": {"soft": True}, "soft, none": {"soft": True, "reduction": "none"},
+           "soft, weight, label smoothing": {"soft": True, "weight": True, "label_smoothing": 0.1}}
+PYTORCH_OPTIONS = {"reduction", "weight", "ignore", "label_smoothing", "soft"}
+KDIM_SHAPES = [(8, 21, 512, 512), (32, 19, 256, 512)]
 OPTIONS_MIN_BYTES = 64 << 20
 
 
@@ -77,12 +88,14 @@ def measure_options(n, c, dtype_name, trials, floor_fn):
     dtype = DTYPES[dtype_name]
     x = torch.randn(n, c, device="cuda").to(dtype)
     t0 = torch.randint(0, c, (n,), device="cuda")
+    probs = torch.softmax(torch.randn(n, c, device="cuda"), 1).to(dtype)
     w = (torch.rand(c, device="cuda") + 0.5).to(dtype)
-    floor = run_eval.timing_stats(run_eval.time_cuda_event(floor_fn, [x], x.device, trials=trials))["mean_exact"]
+    floors = {False: timed_mean(floor_fn, [x], trials), True: timed_mean(lambda a, b: (floor_fn(a), floor_fn(b)), [x, probs], trials)}
     rows = []
     for name, opts in OPTIONS.items():
-        t = t0.masked_fill(torch.rand(n, device="cuda") < opts.get("ignore", 0.0), -100)
-        kwargs = {k: v for k, v in opts.items() if k != "ignore"}
+        t = probs if opts.get("soft") else t0.masked_fill(torch.rand(n, device="cuda") < opts.get("ignore", 0.0), -100)
+        floor = floors[bool(opts.get("soft"))]
+        kwargs = {k: v for k, v in opts.items() if k not in ("ignore", "soft")}
         if opts.get("weight"):
             kwargs["weight"] = w
         fns = {"model_new": functools.partial(model_new.cross_entropy, **kwargs)}
@@ -100,9 +113,45 @@ def measure_options(n, c, dtype_name, trials, floor_fn):
             rows.append({"N": n, "C": c, "dtype": dtype_name, "options": name, "impl": impl, "mean_ms": mean,
                          "median_ms": statistics.median(times), "floor_ms": floor, "fraction_of_floor": floor / mean,
                          "correct": bool(correct)})
-    del x, t0
+    del x, t0, probs
     torch.cuda.empty_cache()
     return rows
+
+
+def timed_mean(fn, args, trials):
+    return run_eval.timing_stats(run_eval.time_cuda_event(fn, args, args[0].device, trials=trials))["mean_exact"]
+
+
+def kdim_main(args):
+    """KDIM_SHAPES in each dtype: ModelNew, eager and torch.compile against the read of the logits
+    and the targets (and of the logits alone), each checked against float64."""
+    import model_new
+    floor_fn = run_eval.stream_read_fn(torch.device("cuda"))
+    rows = []
+    for shape in KDIM_SHAPES:
+        for d in args.dtypes.split(","):
+            x = torch.randn(shape, device="cuda").to(DTYPES[d])
+            t = torch.randint(0, shape[1], shape[:1] + shape[2:], device="cuda")
+            floor = timed_mean(lambda a, b: (floor_fn(a), floor_fn(b)), [x, t], args.trials)
+            logits_floor = timed_mean(floor_fn, [x], args.trials)
+            correct = torch.allclose(model_new.cross_entropy(x, t).double(), expected_loss(x, t).to(x.dtype).double(),
+                                     rtol=2e-2 if x.dtype != torch.float32 else 1e-4)
+            torch._dynamo.reset()
+            fns = {"model_new": model_new.cross_entropy, "eager": torch.nn.functional.cross_entropy,
+                   "compile": torch.compile(reference_loss, backend="inductor", mode="default", dynamic=False)}
+            for impl, fn in fns.items():
+                mean = min(timed_mean(fn, [x, t], args.trials) for _ in range(args.passes))
+                rows.append({"shape": list(shape), "dtype": d, "impl": impl, "mean_ms": mean, "floor_ms": floor,
+                             "logits_floor_ms": logits_floor, "fraction_of_floor": floor / mean, "correct": bool(correct),
+                             "device": torch.cuda.get_device_name(), "torch": torch.__version__, "passes": args.passes})
+                print(f"  {str(shape):20s} {d:9s} {impl:9s} {mean:.4f} ms  {100 * floor / mean:5.1f}% of the read "
+                      f"(logits alone {100 * logits_floor / mean:5.1f}%)  correct {correct}", flush=True)
+            del x, t
+            torch.cuda.empty_cache()
+            if args.out:
+                with open(args.out + ".json", "w") as f:
+                    json.dump(rows, f, indent=1)
+    return 0 if all(r["correct"] for r in rows) else 1
 
 
 def options_main(args, shapes):
@@ -185,6 +234,7 @@ def main(argv=None):
                          "mean (for hosts whose launch delays vary); compile is timed once")
     ap.add_argument("--plot-only", action="store_true", help="redraw OUT.png from OUT.json")
     ap.add_argument("--options", action="store_true", help="the options sweep (OPTIONS), shapes of 64 MiB or more")
+    ap.add_argument("--kdim", action="store_true", help="the sweep of inputs (N, C, d1, ..., dk): KDIM_SHAPES")
     args = ap.parse_args(argv)
     if args.plot_only:
         with open(args.out + ".json") as f:
@@ -197,6 +247,8 @@ def main(argv=None):
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     if args.options:
         return options_main(args, shapes)
+    if args.kdim:
+        return kdim_main(args)
     import model_new
     model = model_new.ModelNew()
     floor_fn = run_eval.stream_read_fn(torch.device("cuda"))
