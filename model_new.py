@@ -694,9 +694,12 @@ __device__ __forceinline__ void store_result(const Params& p, Total total) {
 // (copy_class_weight), tiles hold every class's weight in shared memory, and the host gives
 // weighted problems no row batches (bench/PERF.md, "Options").
 template <class E>
+__device__ __forceinline__ float weight_at(const Params& p, long long j) {  // class j's, 1 without weights
+  return weighted(p) ? load_scalar<E>(static_cast<const typename E::Storage*>(p.weight) + j) : 1.f;
+}
+template <class E>
 __device__ __forceinline__ float class_weight(const Params& p, long long code) {
-  if (!weighted(p) || code < 0) return 1.f;
-  return load_scalar<E>(static_cast<const typename E::Storage*>(p.weight) + code);
+  return code < 0 ? 1.f : weight_at<E>(p, code);
 }
 
 // The class weight for rows in registers, whose loop has no register to spare for it while the
@@ -1718,12 +1721,12 @@ __global__ void __launch_bounds__(kOneRowCta) cross_entropy_one_row_kernel(const
 // the exact sum.
 static_assert(kStreamVecs <= kBatch, "a streamed batch, of logits and probabilities, in the registers of a row's batch");
 struct ClassIndices {};  // the targets of a streamed launch without probability targets
+template <class P>
+constexpr bool kIsProbs = !std::is_same<P, ClassIndices>::value;
+template <class E, class P>  // the probabilities' format; the logits' where there are none
+using ProbsFormat = typename std::conditional<kIsProbs<P>, P, E>::type;
 
-// Class j's weight (1 without weights), and its share of the row's loss given it; prob: p_j.
-template <class E>
-__device__ __forceinline__ float weight_at(const Params& p, long long j) {
-  return weighted(p) ? load_scalar<E>(static_cast<const typename E::Storage*>(p.weight) + j) : 1.f;
-}
+// Class j's share of the row's loss given its weight (weight_at's); prob: p_j.
 template <bool kProbs>
 __device__ __forceinline__ float class_share(const Params& p, float weight, float prob) {
   return kProbs ? weight * fmaf(1.f - p.label_smoothing, prob, p.smoothing_per_class) : weight;
@@ -1766,9 +1769,9 @@ template <class E, class P>
 __device__ __forceinline__ void stream_elements(const Params& p, const typename E::Storage* x_row,
                                                 const void* p_row, long long stride, int first, int step, int end,
                                                 Lse& st, Gap& gap) {
-  constexpr bool kProbs = !std::is_same<P, ClassIndices>::value;
+  constexpr bool kProbs = kIsProbs<P>;
   constexpr int kElems = kProbs ? 8 : 16;  // loads in flight, as many as registers allow
-  using PS = typename std::conditional<kProbs, P, E>::type::Storage;
+  using PS = typename ProbsFormat<E, P>::Storage;
   const bool shares = kProbs || smoothing(p);
   const long long hop = stride * step;  // pointers stepped along: an index times the stride cost a 64-bit product a load
   const auto* xj = x_row + first * stride;
@@ -1798,8 +1801,8 @@ __device__ __forceinline__ void stream_elements(const Params& p, const typename 
 template <class E, class P>
 __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_vecs, const void* p_vecs, int col0,
                                                int lane, int group, int nvec, Lse& st, Gap& gap) {
-  constexpr bool kProbs = !std::is_same<P, ClassIndices>::value;
-  constexpr int kWords = kProbs ? int(sizeof(typename std::conditional<kProbs, P, E>::type::Storage)) * E::kPerVec / 16 : 1;
+  constexpr bool kProbs = kIsProbs<P>;
+  constexpr int kWords = int(sizeof(typename ProbsFormat<E, P>::Storage)) * E::kPerVec / 16;
   const bool shares = kProbs || smoothing(p);
   const auto* w = static_cast<const typename E::Storage*>(p.weight) + col0;
   const bool w_vecs = weighted(p) && shares && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
@@ -1851,8 +1854,8 @@ __device__ __forceinline__ void stream_row(const Params& p, const typename E::St
   if constexpr (kStrided) {
     stream_elements<E, P>(p, x_row, p_row, p.class_stride, 0, 1, cols, st, gap);
   } else {
-    constexpr bool kProbs = !std::is_same<P, ClassIndices>::value;
-    using PS = typename std::conditional<kProbs, P, E>::type::Storage;
+    constexpr bool kProbs = kIsProbs<P>;
+    using PS = typename ProbsFormat<E, P>::Storage;
     const Aligned cut = align_stretch<E>(x_row, cols);
     const PS* p_body = static_cast<const PS*>(p_row) + cut.head;
     if (kProbs && (reinterpret_cast<uintptr_t>(p_body) & 15) != 0) {  // the probabilities off the logits' grid
@@ -1937,8 +1940,8 @@ __device__ __forceinline__ void stream_quad(const Params& p, long long row0, flo
 
 template <class E, class P, bool kStrided>
 __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streamed_kernel(const Params p) {
-  constexpr bool kProbs = !std::is_same<P, ClassIndices>::value;
-  using O = typename std::conditional<kProbs, P, E>::type;  // the result's format: the promoted dtype
+  constexpr bool kProbs = kIsProbs<P>;
+  using O = ProbsFormat<E, P>;  // the result's format: the promoted dtype
   __shared__ float4 warp_state[2][kWarps];  // group_merge's, by chunk parity
   __shared__ float2 warp_gaps[2][kWarps];
   __shared__ float warp_sums[2][kChunkSums];
@@ -1950,7 +1953,9 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
   const auto* logits = static_cast<const typename E::Storage*>(p.logits);
   // A chunk's rows: a CTA's worth. Class indices are loaded a chunk ahead, so that no row's stream
   // waits on its target's load (quads load theirs as the chunk starts).
-  auto row_of = [&](long long chunk) { return quads ? (chunk * kThreads + threadIdx.x) * kQuad : chunk * (kThreads / group) + group_id; };
+  auto row_of = [&](long long chunk) {
+    return quads ? (chunk * kThreads + threadIdx.x) * kQuad : chunk * (kThreads / group) + group_id;
+  };
   auto load_target = [&](long long chunk) {
     const long long row = row_of(chunk);
     return kProbs || quads || row >= p.rows ? TargetWords{0u, 0u} : load_target_words(p, row);
@@ -1962,7 +1967,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
   for (int parity = 0; claims.chunk < p.chunks; parity ^= 1) {  // the same in every thread
     const unsigned int claim = claims.claim(p.counter + 1);
     const long long row = row_of(claims.chunk);
-    if (kStrided && !kProbs && quads) {
+    if (quads) {
       float loss = 0.f, weight = 0.f;
       stream_quad<E>(p, row, loss, weight, ignored);
       end_chunk(p, true, loss, weight, 1, warp_sums[parity], claims, claim, &claimed[parity]);
@@ -2320,11 +2325,12 @@ def _streamed_shape(rows, cols, elem_bytes, gpu, class_stride, offset, probs):
     CTA's rows; every CTA that fits, or as many as there are chunks."""
     if class_stride > 1:
         group = _QUAD if not probs and class_stride % _QUAD == 0 and offset % (_QUAD * elem_bytes) == 0 else 1
-        chunks = -(-rows // (_THREADS * group))
-        return _Plan(_STREAMED, False, max(1, min(_max_grid(_STREAMED, gpu), chunks)), group, chunks)
-    batches = _STREAM_VECS * _STREAM_BATCHES
-    group = min(_THREADS, _pow2_at_least(max(1, -(-(cols // (16 // elem_bytes)) // batches))))
-    chunks = -(-rows // (_THREADS // group))
+        chunk_rows = _THREADS * group
+    else:
+        batches = _STREAM_VECS * _STREAM_BATCHES
+        group = min(_THREADS, _pow2_at_least(max(1, -(-(cols // (16 // elem_bytes)) // batches))))
+        chunk_rows = _THREADS // group
+    chunks = -(-rows // chunk_rows)
     return _Plan(_STREAMED, False, max(1, min(_max_grid(_STREAMED, gpu), chunks)), group, chunks)
 
 
@@ -2928,9 +2934,9 @@ class ModelNew(torch.nn.Module):
     def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, z_loss=0.0,
                  check_targets=None):
         super().__init__()
-        # Checked once, with PyTorch's errors.
+        # Checked once, with PyTorch's errors; the weight, a buffer, joins the options at each call.
         self._options = _options(None, ignore_index, reduction, z_loss, label_smoothing=label_smoothing)
-        _options(weight, label_smoothing=label_smoothing)
+        _options(weight)
         self.register_buffer("weight", weight)  # read at each call: .to() and .cuda() move it
         self.check_targets = _check_targets_from_env() if check_targets is None else bool(check_targets)
 

@@ -259,6 +259,11 @@ def stream_read_fn(device):
     return read
 
 
+def read_each(read):
+    """The read of every tensor given, one after another: the floor where the targets are read too."""
+    return lambda *tensors: [read(t) for t in tensors]
+
+
 # ------------------------------------------------------------------------------- report
 def summarize(results, logit_bytes):
     """Adds speedups and bandwidths to the per-implementation stats."""
@@ -363,7 +368,7 @@ def main(argv=None):
     if not args.no_compile:
         impls["compile"] = torch.compile(model, backend="inductor", mode="default")
     read = stream_read_fn(device)
-    impls["floor"] = (lambda x, t: (read(x), read(t))) if args.soft_targets else read
+    impls["floor"] = read_each(read) if args.soft_targets else read
 
     results = {}
     for key, fn in impls.items():

@@ -174,3 +174,10 @@ def test_soft_targets_replace_the_indices_in_both_models():
     assert torch.equal(opt["Model"]()(x[:64], p[:64]), torch.nn.functional.cross_entropy(x[:64], p[:64], reduction="sum"))
     with pytest.raises(ValueError, match="no ignore index"):
         run_eval.with_options(ctx, soft_targets=True, ignore_fraction=0.1)
+
+
+def test_read_each_reads_every_tensor_in_order():
+    """The floor with probability targets reads the logits, then the targets."""
+    seen = []
+    floor = run_eval.read_each(lambda x: seen.append(x) or len(seen))
+    assert floor("logits", "targets") == [1, 2] and seen == ["logits", "targets"]

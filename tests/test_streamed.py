@@ -128,7 +128,7 @@ def test_probability_targets_in_any_layout():
     for dtype in DTYPES.values():
         for name, x in views(64, 1003, dtype):
             for _, p in views(64, 1003, dtype):
-                p = torch.softmax(p.float(), 1).to(dtype)
+                p.copy_(torch.softmax(p.float(), 1))  # probabilities in the view's own layout
                 check(x, p, reduction="none")
                 check(x, p.contiguous(), weight=torch.rand(1003, device="cuda").to(dtype))
 
