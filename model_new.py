@@ -6,9 +6,10 @@ ModelNew()(logits, targets) equals PyTorch's cross_entropy(logits, targets) with
 ModelNew(weight, ignore_index, reduction, label_smoothing) and cross_entropy(input, target, weight,
 ignore_index, reduction, label_smoothing) take the rest of PyTorch's contract: class weights,
 reduction "mean", "sum" or "none", label smoothing, class-probability targets, and inputs
-(N, C, d1, ..., dk); beyond PyTorch, z_loss (z_loss * lse**2 added per row) and return_lse (every
-row's log-sum-exp). Those run in a second build of the same kernels, compiled on first use. The
-default build compiles at import for the GPU present, of compute capability 7.5 (T4) or newer.
+(N, C, d1, ..., dk); beyond PyTorch, z_loss (z_loss * lse**2 added per row), softcap (logits
+soft-capped first) and return_lse (every row's log-sum-exp). Those run in a second build of the
+same kernels, compiled on first use. The default build compiles at import for the GPU present, of
+compute capability 7.5 (T4) or newer.
 
 One launch reads every logit once and writes nothing of size N x C: each row is reduced to
 (max, sum of exp) in fp32, the target logit picked out on the way; the losses are summed exactly,
@@ -1707,8 +1708,8 @@ __global__ void __launch_bounds__(kOneRowCta) cross_entropy_one_row_kernel(const
 
 // ================================================================== family: streamed rows
 // What the other families do not take: probability targets, inputs of shape (N, C, d1, ..., dk)
-// whose classes lie d1 * ... * dk elements apart ("strided"), and class weights with label
-// smoothing. A row (one sample position) streams through once and nothing of it is held: a running
+// whose classes lie d1 * ... * dk elements apart ("strided"), class weights with label smoothing,
+// and logits soft-capped (SoftCapped formats: each logit passes through softcap_logit first). A row (one sample position) streams through once and nothing of it is held: a running
 // (m, s), a Gap and, for class indices, the target's logit and class weight, loaded as the row
 // starts. Every loss here is sum_j c_j (lse - x_j), one Gap's W log(s) + sum_j c_j (base - x_j), with
 // c_j the class's share: w_j ((1 - eps) p_j + eps / C) for probability targets p (w_j = 1 without
@@ -1725,6 +1726,28 @@ template <class P>
 constexpr bool kIsProbs = !std::is_same<P, ClassIndices>::value;
 template <class E, class P>  // the probabilities' format; the logits' where there are none
 using ProbsFormat = typename std::conditional<kIsProbs<P>, P, E>::type;
+
+// E's logits, each passed through softcap * tanh(x / softcap) as it becomes a float (logit).
+template <class E>
+struct SoftCapped : E {};
+template <class E>
+constexpr bool kSoftCapped = false;
+template <class E>
+constexpr bool kSoftCapped<SoftCapped<E>> = true;
+
+// A logit as the loss sees it. Soft-capped: softcap * tanh(x / softcap), as
+// softcap - 2 softcap / (1 + e^(2x / softcap)): an exp and a reciprocal, both approximate, off by a
+// few softcap * 2^-24 at most, where the sum of exp counts each logit's error once ("Soft-capping").
+// -inf gives -softcap, +inf softcap, NaN NaN.
+template <class E>
+__device__ __forceinline__ float logit(const Params& p, float x) {
+  if constexpr (kSoftCapped<E>) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + exp2_approx(x * p.softcap_rate)));
+    return fmaf(-2.f * p.softcap, r, p.softcap);
+  }
+  return x;
+}
 
 // Class j's share of the row's loss given its weight (weight_at's); prob: p_j.
 template <bool kProbs>
@@ -1781,7 +1804,7 @@ __device__ __forceinline__ void stream_elements(const Params& p, const typename 
 #pragma unroll
     for (int k = 0; k < kElems; ++k) {
       const bool valid = j0 + k * step < end;
-      x[k] = valid ? load_scalar<E>(xj) : -INFINITY;
+      x[k] = valid ? logit<E>(p, load_scalar<E>(xj)) : -INFINITY;
       if constexpr (kProbs) prob[k] = valid ? load_scalar<P>(pj) : 0.f;
       xj += hop;
       if constexpr (kProbs) pj += hop;
@@ -1819,7 +1842,8 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
         for (int k = 0; k < kWords; ++k) pb[u][k] = v < nvec ? static_cast<const uint4*>(p_vecs)[v * kWords + k] : uint4{};
       if (w_vecs) wb[u] = v < nvec ? reinterpret_cast<const uint4*>(w)[v] : uint4{};
     }
-    const float m = fmaxf(st.m, vectors_max<E>(xb));
+    // The cap rises with x: the capped max is the raw max capped (at least one vector is the row's).
+    const float m = fmaxf(st.m, logit<E>(p, vectors_max<E>(xb)));
     const float base = safe_base(m);
     float s = st.s * exp2_approx((st.m - base) * kLog2e);
     const int nvalid = min(kVecs, (nvec - v0 + group - 1) / group);
@@ -1834,10 +1858,17 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
             float prob = 0.f;
             if constexpr (kProbs) prob = P::at(pb[u][i / P::kPerVec], i % P::kPerVec);
             const float w_i = weight(u, i, col0 + (v0 + u * group) * E::kPerVec + i);
-            exp_and_gap(E::at(xb[u], i), base, class_share<kProbs>(p, w_i, prob), s, gap);
+            exp_and_gap(logit<E>(p, E::at(xb[u], i)), base, class_share<kProbs>(p, w_i, prob), s, gap);
           }
     };
-    if (!shares) s = vectors_sum_exp<E>(xb, base, s, nvalid);
+    if (!shares && kSoftCapped<E>) {
+#pragma unroll
+      for (int u = 0; u < kVecs; ++u)
+        if (u < nvalid)
+#pragma unroll
+          for (int i = 0; i < E::kPerVec; ++i) s += exp2_approx((logit<E>(p, E::at(xb[u], i)) - base) * kLog2e);
+    }
+    else if (!shares) s = vectors_sum_exp<E>(xb, base, s, nvalid);
     else if (w_vecs) add_gaps([&](int u, int i, int) { return E::at(wb[u], i); });
     else if (weighted(p)) add_gaps([&](int, int, int col) { return weight_at<E>(p, col); });
     else add_gaps([](int, int, int) { return 1.f; });
@@ -1864,7 +1895,7 @@ __device__ __forceinline__ void stream_row(const Params& p, const typename E::St
     }
     for (int k = lane; k < cols - cut.nvec * E::kPerVec; k += group) {  // the edges, one element each
       const int j = edge_element<E>(cut, k);
-      const float x[1] = {load_scalar<E>(x_row + j)};
+      const float x[1] = {logit<E>(p, load_scalar<E>(x_row + j))};
       float prob = 0.f;
       if constexpr (kProbs) prob = load_scalar<P>(static_cast<const PS*>(p_row) + j);
       stream_add(st, gap, x, 1, kProbs || smoothing(p), [&](int) { return class_share<kProbs>(p, weight_at<E>(p, j), prob); });
@@ -1917,7 +1948,7 @@ __device__ __forceinline__ void stream_quad(const Params& p, long long row0, flo
         float x[kClasses];
 #pragma unroll
         for (int k = 0; k < kClasses; ++k) {
-          x[k] = E::at(q[k], i);
+          x[k] = kSoftCapped<E> && k >= nvalid ? -INFINITY : logit<E>(p, E::at(q[k], i));  // capped -inf is finite
           if (j0 + k == code[i]) x_t[i] = x[k];  // the target's logit, picked out on the way
         }
         stream_add(st[i], gap[i], x, nvalid, shares, [&](int k) { return weight_at<E>(p, j0 + k); });
@@ -1988,7 +2019,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
       const void* p_row = nullptr;
       if constexpr (kProbs) p_row = static_cast<const typename P::Storage*>(p.probs) + n * p.probs_stride + s;
       if (!kProbs && lane == 0 && code >= 0) {
-        x_t = load_scalar<E>(x_row + code * (kStrided ? p.class_stride : 1));
+        x_t = logit<E>(p, load_scalar<E>(x_row + code * (kStrided ? p.class_stride : 1)));
         w_t = class_weight<E>(p, code);
       }
       stream_row<E, P, kStrided>(p, x_row, p_row, lane, group, st, gap);
@@ -2020,20 +2051,26 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
   store_result<O>(p, total);
 }
 
-template <class E, bool kStrided>
+template <class L, class E, bool kStrided>  // L: the logits' format, E or SoftCapped<E>
 void launch_streamed_for(const Params& p) {
   const dim3 grid(p.grid), block(kThreads);
   switch (p.probs_dtype) {
-    case kClassIndices: cross_entropy_streamed_kernel<E, ClassIndices, kStrided><<<grid, block, 0, p.stream>>>(p); break;
-    case kFloat32: cross_entropy_streamed_kernel<E, F32, kStrided><<<grid, block, 0, p.stream>>>(p); break;
-    default: cross_entropy_streamed_kernel<E, E, kStrided><<<grid, block, 0, p.stream>>>(p);  // the logits' dtype
+    case kClassIndices: cross_entropy_streamed_kernel<L, ClassIndices, kStrided><<<grid, block, 0, p.stream>>>(p); break;
+    case kFloat32: cross_entropy_streamed_kernel<L, F32, kStrided><<<grid, block, 0, p.stream>>>(p); break;
+    default: cross_entropy_streamed_kernel<L, E, kStrided><<<grid, block, 0, p.stream>>>(p);  // the logits' dtype
   }
+}
+
+template <class L, class E>
+void launch_streamed_strided(const Params& p) {
+  if (p.class_stride > 1) launch_streamed_for<L, E, true>(p);
+  else launch_streamed_for<L, E, false>(p);
 }
 
 template <class E>
 void launch_streamed(const Params& p) {
-  if (p.class_stride > 1) launch_streamed_for<E, true>(p);
-  else launch_streamed_for<E, false>(p);
+  if (p.softcap != 0.f) launch_streamed_strided<SoftCapped<E>, E>(p);
+  else launch_streamed_strided<E, E>(p);
 }
 
 // ================================================================== the launch
@@ -2177,6 +2214,7 @@ _REDUCTIONS = {"mean": 0, "sum": 1, "none": 2}
 _ROWS, _TILES, _ROW_BATCHES, _ONE_ROW, _STREAMED = range(5)  # the kernel families
 _VECTOR_SWEEPS, _ELEMENT_SWEEPS, _PAIR_SWEEPS = range(3)  # how the tiles' kernel reduces a row (_sweeps)
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_FLOAT32 = torch.finfo(torch.float32)
 _CLASS_INDICES = -1       # a streamed launch's probs_dtype for class-index targets
 _STREAM_VECS = 4          # the streamed family's vectors a thread at a time, per stream ...
 _STREAM_BATCHES = 8       # ... and batches of them a lane per row, where rows are long enough ("Streamed rows")
@@ -2266,14 +2304,16 @@ class _Plan(NamedTuple):
     batch_rows: int = 0  # row batches: rows per batch
 
 
-def _plan(rows, cols, row_stride, elem_bytes, gpu, offset=0, weighted=False, smoothed=False, probs=False, class_stride=1):
+def _plan(rows, cols, row_stride, elem_bytes, gpu, offset=0, weighted=False, smoothed=False, probs=False, class_stride=1,
+          capped=False):
     """The launch plan for (rows, cols) logits of elem_bytes each, rows row_stride elements apart,
     the first one `offset` bytes past the 16-byte grid, on `gpu` (a _Gpu); `weighted`: with class
     weights; `smoothed`: with label smoothing, which only tiles and whole rows in registers with
     evict-first loads compute ("Options"); `probs`: probability targets; class_stride: elements from
-    a class to the next (above 1 for inputs (N, C, d1, ..., dk), whose rows are sample positions).
-    Those, and weights with label smoothing, take the streamed family ("Streamed rows")."""
-    if probs or class_stride > 1 or (weighted and smoothed):
+    a class to the next (above 1 for inputs (N, C, d1, ..., dk), whose rows are sample positions);
+    `capped`: soft-capped logits. Those, and weights with label smoothing, take the streamed family
+    ("Streamed rows")."""
+    if probs or class_stride > 1 or (weighted and smoothed) or capped:
         return _streamed_shape(rows, cols, elem_bytes, gpu, class_stride, offset, probs)
     family = _family(rows, cols, row_stride, elem_bytes, gpu, offset, weighted, smoothed)
     evict_first = _evict_first(family, rows * cols * elem_bytes, elem_bytes, gpu) or (smoothed and family == _ROWS)
@@ -2538,11 +2578,11 @@ def _gpu(device_index):
 
 @functools.lru_cache(maxsize=1024)
 def _plan_on(device_index, rows, cols, row_stride, elem_bytes, offset, weighted=False, smoothed=False, probs=False,
-             class_stride=1):
+             class_stride=1, capped=False):
     """_plan on GPU device_index, cached: the host's time per call shows in KernelBench's timing
     (see _cross_entropy). A test that changes the policy clears it."""
     return _plan(rows, cols, row_stride, elem_bytes, _gpu(device_index), offset, weighted, smoothed, probs,
-                 class_stride)
+                 class_stride, capped)
 
 
 # =============================================================================================
@@ -2593,6 +2633,8 @@ _PARAMS = (
     ("probs_stride", "long long", "q", "... elements from a sample's to the next"),
     ("class_stride", "long long", "q", "streamed: elements from a class to the next (d1 * ... * dk; 1: contiguous)"),
     ("probs_dtype", "int", "i", "kFloat32, the logits' dtype, or kClassIndices"),
+    ("softcap", "float", "f", "streamed: each logit x read as softcap * tanh(x / softcap); 0: as it is"),
+    ("softcap_rate", "float", "f", "... 2 log2(e) / softcap"),
 )
 _Params = namedtuple("_Params", [name for name, *_ in _PARAMS])
 _PARAMS_STRUCT = struct.Struct("@" + "".join(code for _, _, code, _ in _PARAMS) + "0q")  # padded as C pads
@@ -2800,13 +2842,13 @@ def _cross_entropy(logits, targets, options, check_targets=False):
     if check_targets and not probs:
         _first_bad_target(targets, cols, options.ignore_index)
     index, logits_ptr, elem_bytes = logits.get_device(), logits.data_ptr(), logits.element_size()
-    smoothing = options.label_smoothing
+    smoothing, softcap = options.label_smoothing, options.softcap
     streamed = probs or class_stride > 1
-    if (smoothing or streamed) and cols > _MAX_SEG:
-        raise ValueError(f"label smoothing, probability targets and inputs (N, C, d1, ..., dk) take at most "
+    if (smoothing or softcap or streamed) and cols > _MAX_SEG:
+        raise ValueError(f"label smoothing, softcap, probability targets and inputs (N, C, d1, ..., dk) take at most "
                          f"{_MAX_SEG} classes; got {cols}")
     plan = _plan_on(index, rows, cols, row_stride, elem_bytes, logits_ptr % 16, weight is not None, smoothing != 0,
-                    probs, class_stride)
+                    probs, class_stride, softcap != 0)
     exact_off, weight_off, seg_off, nbytes = _workspace_layout(plan, rows)
     stream = _current_stream(index)
     # Held until the launch: inside graph capture it is not cached, and a buffer freed there would be
@@ -2831,7 +2873,8 @@ def _cross_entropy(logits, targets, options, check_targets=False):
         weight_exact=base + weight_off, lse=0 if lse is None else lse.data_ptr(), z_loss=options.z_loss,
         label_smoothing=smoothing, smoothing_per_class=smoothing / cols,
         probs=targets.data_ptr() if probs else 0, probs_stride=targets.stride(0) if probs else 0,
-        class_stride=class_stride, probs_dtype=_DTYPE_CODES[targets.dtype] if probs else _CLASS_INDICES)
+        class_stride=class_stride, probs_dtype=_DTYPE_CODES[targets.dtype] if probs else _CLASS_INDICES,
+        softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0)
     (_ext if options is _DEFAULTS and not streamed else _options_extension()).launch(_PARAMS_STRUCT.pack(*params))
     if len(shape) != 2 and (reduction == "none" or lse is not None):  # per row: back to the samples' shape
         positions = shape[:1] + shape[2:] if len(shape) > 1 else ()
@@ -2864,13 +2907,14 @@ class _Options(NamedTuple):
     z_loss: float = 0.0          # adds z_loss * lse**2 to each counted row's loss
     return_lse: bool = False     # also return every row's log-sum-exp, in float32
     label_smoothing: float = 0.0
+    softcap: float = 0.0         # each logit x read as softcap * tanh(x / softcap); 0: as it is
 
 
 _DEFAULTS = _Options()
 
 
 def _options(weight=None, ignore_index=_IGNORE_INDEX, reduction="mean", z_loss=0.0, return_lse=False,
-             label_smoothing=0.0):
+             label_smoothing=0.0, softcap=None):
     """The options as the dispatch takes them (_DEFAULTS itself where every one is the default), or
     the error PyTorch gives."""
     if reduction not in _REDUCTIONS:
@@ -2885,8 +2929,11 @@ def _options(weight=None, ignore_index=_IGNORE_INDEX, reduction="mean", z_loss=0
         raise ValueError(f"z_loss must be a finite number; got {z_loss!r}")
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) or not 0 <= label_smoothing <= 1:
         raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not _FLOAT32.tiny <= softcap <= _FLOAT32.max):  # the kernels' float32
+        raise ValueError(f"softcap must be None or a positive number in float32's normal range; got {softcap!r}")
     options = _Options(weight, operator.index(ignore_index), reduction, float(z_loss), bool(return_lse),
-                       float(label_smoothing))
+                       float(label_smoothing), float(softcap or 0.0))
     return _DEFAULTS if weight is None and options[1:] == _DEFAULTS[1:] else options
 
 
@@ -2908,7 +2955,7 @@ def _check_targets_from_env():
 
 
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, z_loss=0.0,
-                  return_lse=False):
+                  softcap=None, return_lse=False):
     """PyTorch's cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing), in
     one launch. input: logits (C,), (N, C) or (N, C, d1, ..., dk), a row per sample position; target:
     class indices (int64 or int32) of shape (), (N,) or (N, d1, ..., dk), or class probabilities of
@@ -2919,9 +2966,11 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     mean. label_smoothing (eps): the targets mixed with the uniform distribution, (1 - eps) of each
     row's own plus eps / C of each class, weighted as PyTorch weighs them.
     Beyond PyTorch: z_loss adds z_loss * lse**2 to each counted row's loss (lse: its log-sum-exp;
-    the mean divides as before), and return_lse=True returns (loss, lse), lse every row's
-    log-sum-exp in float32, ignored rows' too, in the shape of the loss per row."""
-    options = _options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing)
+    the mean divides as before); softcap (a positive number) passes every logit through
+    softcap * tanh(x / softcap) first, as Gemma 2 caps its logits, and everything above then reads
+    the capped logits; return_lse=True returns (loss, lse), lse every row's log-sum-exp in float32,
+    ignored rows' too, in the shape of the loss per row."""
+    options = _options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
     return _cross_entropy(input, target, options, _check_targets_from_env())
 
 
@@ -2929,13 +2978,15 @@ class ModelNew(torch.nn.Module):
     """Cross-entropy over rows, computed by one fused CUDA kernel (forward only). With no arguments,
     KernelBench's problem: the mean, ignore_index -100. weight, ignore_index, reduction and
     label_smoothing as PyTorch's cross-entropy loss module takes them (weight is a buffer, moved with
-    the module); z_loss as cross_entropy takes it; inputs and targets as cross_entropy takes them."""
+    the module); z_loss and softcap as cross_entropy takes them; inputs and targets as cross_entropy
+    takes them."""
 
     def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, z_loss=0.0,
-                 check_targets=None):
+                 softcap=None, check_targets=None):
         super().__init__()
         # Checked once, with PyTorch's errors; the weight, a buffer, joins the options at each call.
-        self._options = _options(None, ignore_index, reduction, z_loss, label_smoothing=label_smoothing)
+        self._options = _options(None, ignore_index, reduction, z_loss, label_smoothing=label_smoothing,
+                                 softcap=softcap)
         _options(weight)
         self.register_buffer("weight", weight)  # read at each call: .to() and .cuda() move it
         self.check_targets = _check_targets_from_env() if check_targets is None else bool(check_targets)
@@ -2944,6 +2995,7 @@ class ModelNew(torch.nn.Module):
     reduction = property(lambda self: self._options.reduction)
     z_loss = property(lambda self: self._options.z_loss)
     label_smoothing = property(lambda self: self._options.label_smoothing)
+    softcap = property(lambda self: self._options.softcap or None)
 
     def forward(self, predictions, targets):
         options = self._options if self.weight is None else self._options._replace(weight=self.weight)

@@ -2,7 +2,7 @@
 """Effective bandwidth of ModelNew, eager, torch.compile and a plain streaming read, over shapes.
 
     python bench/sweep.py [--shapes 32768x4096,16x256000] [--dtypes float32,bfloat16] [--out bench/results/h100_sweep]
-    python bench/sweep.py --options [--shapes ...] [--out bench/results/h100_options]
+    python bench/sweep.py --options [--shapes ...] [--sets "softcap;sum"] [--out bench/results/h100_options]
     python bench/sweep.py --kdim [--out bench/results/h100_kdim]
 
 Every figure is KernelBench's cuda_event method (3 warm-ups, 256 MB L2 flush before each trial,
@@ -37,7 +37,7 @@ SHAPES = [(32768, 4096), (4096, 32000), (8192, 50257), (8192, 128256), (16, 2560
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 IMPLS = ("model_new", "eager", "compile", "floor")
 # The options sweep: cross_entropy's keyword arguments by name ("weight": random class weights;
-# "ignore": that share of the targets set to -100). z_loss and the per-row lse are not PyTorch's.
+# "ignore": that share of the targets set to -100). z_loss, softcap and the per-row lse are not PyTorch's.
 OPTIONS = {"defaults": {}, "sum": {"reduction": "sum"}, "none": {"reduction": "none"}, "ignore 10%": {"ignore": 0.1},
            "weight": {"weight": True}, "weight, none, ignore 10%": {"weight": True, "reduction": "none", "ignore": 0.1},
            "z_loss": {"z_loss": 1e-4}, "lse": {"return_lse": True}, "label smoothing": {"label_smoothing": 0.1},
@@ -46,7 +46,8 @@ OPTIONS = {"defaults": {}, "sum": {"reduction": "sum"}, "none": {"reduction": "n
            "weight, label smoothing, none, ignore 10%": {"weight": True, "label_smoothing": 0.1, "reduction": "none",
                                                         "ignore": 0.1},
            "soft": {"soft": True}, "soft, none": {"soft": True, "reduction": "none"},
-           "soft, weight, label smoothing": {"soft": True, "weight": True, "label_smoothing": 0.1}}
+           "soft, weight, label smoothing": {"soft": True, "weight": True, "label_smoothing": 0.1},
+           "softcap": {"softcap": 30.0}, "softcap, none, ignore 10%": {"softcap": 30.0, "reduction": "none", "ignore": 0.1}}
 PYTORCH_OPTIONS = {"reduction", "weight", "ignore", "label_smoothing", "soft"}
 KDIM_SHAPES = [(8, 21, 512, 512), (32, 19, 256, 512)]
 OPTIONS_MIN_BYTES = 64 << 20
@@ -82,8 +83,9 @@ def measure(n, c, dtype_name, impls, trials, fns):
     return rows
 
 
-def measure_options(n, c, dtype_name, trials, floor_fn):
-    """Rows for every set of OPTIONS on one fresh (n, c) input: ModelNew, the read, and eager."""
+def measure_options(n, c, dtype_name, trials, floor_fn, sets=None):
+    """Rows for every set of OPTIONS (or those named in `sets`) on one fresh (n, c) input: ModelNew,
+    the read, and eager."""
     import model_new
     dtype = DTYPES[dtype_name]
     x = torch.randn(n, c, device="cuda").to(dtype)
@@ -93,6 +95,8 @@ def measure_options(n, c, dtype_name, trials, floor_fn):
     floors = {False: timed_mean(floor_fn, [x], trials), True: timed_mean(run_eval.read_each(floor_fn), [x, probs], trials)}
     rows = []
     for name, opts in OPTIONS.items():
+        if sets and name not in sets:
+            continue
         t = probs if opts.get("soft") else t0.masked_fill(torch.rand(n, device="cuda") < opts.get("ignore", 0.0), -100)
         floor = floors[bool(opts.get("soft"))]
         kwargs = {k: v for k, v in opts.items() if k not in ("ignore", "soft")}
@@ -104,7 +108,7 @@ def measure_options(n, c, dtype_name, trials, floor_fn):
         got = fns["model_new"](x, t)
         loss = got[0] if opts.get("return_lse") else got
         want = expected_loss(x, t, -100, kwargs.get("reduction", "mean"), kwargs.get("weight"), kwargs.get("z_loss", 0.0),
-                             kwargs.get("label_smoothing", 0.0))
+                             kwargs.get("label_smoothing", 0.0), kwargs.get("softcap"))
         correct = torch.allclose(loss.double(), want.to(dtype).double(), rtol=2e-2 if dtype != torch.float32 else 1e-4,
                                  atol=1e-5)
         for impl, fn in fns.items():
@@ -165,7 +169,7 @@ def options_main(args, shapes):
                 continue
             best = {}
             for _ in range(args.passes):
-                for r in measure_options(n, c, d, args.trials, floor_fn):
+                for r in measure_options(n, c, d, args.trials, floor_fn, args.sets and args.sets.split(";")):
                     key = (r["options"], r["impl"])
                     r["correct"] = r["correct"] and best.get(key, r)["correct"]
                     if key not in best or r["mean_ms"] < best[key]["mean_ms"]:
@@ -234,6 +238,7 @@ def main(argv=None):
                          "mean (for hosts whose launch delays vary); compile is timed once")
     ap.add_argument("--plot-only", action="store_true", help="redraw OUT.png from OUT.json")
     ap.add_argument("--options", action="store_true", help="the options sweep (OPTIONS), shapes of 64 MiB or more")
+    ap.add_argument("--sets", help="with --options: the OPTIONS sets to time, by name, separated by ';' (default: all)")
     ap.add_argument("--kdim", action="store_true", help="the sweep of inputs (N, C, d1, ..., dk): KDIM_SHAPES")
     args = ap.parse_args(argv)
     if args.plot_only:

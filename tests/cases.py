@@ -48,31 +48,37 @@ REFERENCE_BLOCK_ELEMS = 2**24
 REFERENCE_BLOCK_COLS = 2**26
 
 
-def expected_loss(x, t, ignore_index=-100, reduction="mean", weight=None, z_loss=0.0, label_smoothing=0.0):
+def expected_loss(x, t, ignore_index=-100, reduction="mean", weight=None, z_loss=0.0, label_smoothing=0.0,
+                  softcap=None):
     """cross_entropy with its options in float64, written out. Class-index targets: a counted row's
     loss is (1 - eps) times its class's weight (1 without weights) times (lse - x_t), plus eps / C
     times the sum over classes j of w_j (lse - x_j), plus z_loss * lse**2; an ignored row's is 0; the
     mean divides the sum by the counted rows' weights; targets outside [0, C) give NaN in their row.
     Probability targets p (floating, x's shape): a row's loss is the sum over j of
     w_j ((1 - eps) p_j + eps / C) (lse - x_j), plus z_loss * lse**2, and the mean divides by the rows.
-    Inputs (N, C, d1, ..., dk): a row per sample position. Rows and columns go a block at a time, so
-    that N*C > 2^31 fits in memory."""
+    Inputs (N, C, d1, ..., dk): a row per sample position. softcap: every logit x read as
+    softcap * tanh(x / softcap) first. Rows and columns go a block at a time, so that N*C > 2^31
+    fits in memory."""
     probs = t.is_floating_point()
     if x.dim() != 2:  # (C,): one row; (N, C, d1, ..., dk): the classes last, a row per position
         positions = x.shape[:1] + x.shape[2:] if x.dim() > 1 else ()
         cols = x.shape[1] if x.dim() > 1 else x.shape[0]
         rows_x = x.movedim(1, -1).reshape(-1, cols) if x.dim() > 1 else x[None]
         rows_t = (t.movedim(1, -1).reshape(-1, cols) if x.dim() > 1 else t[None]) if probs else t.reshape(-1)
-        out = expected_loss(rows_x, rows_t, ignore_index, reduction, weight, z_loss, label_smoothing)
+        out = expected_loss(rows_x, rows_t, ignore_index, reduction, weight, z_loss, label_smoothing, softcap)
         return out.reshape(positions) if reduction == "none" else out
     cols, eps = x.shape[1], label_smoothing
+
+    def logit(v):  # in float64, capped where asked
+        return softcap * torch.tanh(v.double() / softcap) if softcap else v.double()
+
     w_all = weight.double() if weight is not None else None
     col_blocks = range(0, cols, REFERENCE_BLOCK_COLS)
     losses, divisor = [x.new_zeros(0, dtype=torch.float64)], x.new_zeros((), dtype=torch.float64)
     row_block = max(1, REFERENCE_BLOCK_ELEMS // max(1, cols))
     for r0 in range(0, x.shape[0], row_block):
         xr, tr = x[r0:r0 + row_block], t[r0:r0 + row_block]
-        blocks = [xr[:, c0:c0 + REFERENCE_BLOCK_COLS].double() for c0 in col_blocks]
+        blocks = [logit(xr[:, c0:c0 + REFERENCE_BLOCK_COLS]) for c0 in col_blocks]
         lse = torch.logsumexp(torch.stack([torch.logsumexp(b, 1) for b in blocks], 1), 1)
         if probs:
             loss = sum((((1 - eps) * tr[:, c0:c0 + b.shape[1]].double() + eps / cols)
@@ -86,7 +92,7 @@ def expected_loss(x, t, ignore_index=-100, reduction="mean", weight=None, z_loss
         bad = counted & ((tr < 0) | (tr >= cols))
         col = tr.clamp(0, cols - 1)
         w = w_all[col] if w_all is not None else torch.ones_like(lse)
-        loss = w * (lse - xr.gather(1, col[:, None])[:, 0].double())
+        loss = w * (lse - logit(xr.gather(1, col[:, None])[:, 0]))
         if eps:  # no term at eps 0, even where lse - x is inf
             smooth = sum(((lse[:, None] - b) * (1.0 if w_all is None else w_all[c0:c0 + b.shape[1]])).sum(1)
                          for c0, b in zip(col_blocks, blocks))

@@ -17,10 +17,11 @@ PTXAS = os.path.join(os.path.dirname(os.path.realpath(NVCC)), "ptxas") if NVCC e
 # Instances per family: 3 logit dtypes x, for rows in registers, 2 target types x (plain, evict-first,
 # evict-first without the 256-byte lead); for tiles, 2 target types x 3 sweeps x 2 kinds of load;
 # for row batches, 1 or 2 rows x 2 kinds of load; one row, the dtype alone. The options build adds
-# the streamed family: contiguous or strided classes x (class indices, probabilities of the logits'
-# dtype, float32 probabilities: one instance with the second for float32 logits).
+# the streamed family: plain or soft-capped logits x contiguous or strided classes x (class indices,
+# probabilities of the logits' dtype, float32 probabilities: one instance with the second for
+# float32 logits).
 INSTANCES = {"rows": 3 * 2 * 3, "tiles": 3 * 2 * 3 * 2, "row_batches": 3 * 2 * 2, "one_row": 3}
-OPTIONS_INSTANCES = {**INSTANCES, "streamed": 2 * (2 + 3 + 3)}
+OPTIONS_INSTANCES = {**INSTANCES, "streamed": 2 * 2 * (2 + 3 + 3)}
 FAMILY_CODES = {"rows": model_new._ROWS, "tiles": model_new._TILES, "row_batches": model_new._ROW_BATCHES,
                 "one_row": model_new._ONE_ROW, "streamed": model_new._STREAMED}
 # Shared memory a family's launch adds to its arrays: rows in registers, segments_total's slab.

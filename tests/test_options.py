@@ -26,27 +26,28 @@ def test_the_signatures_are_pytorchs():
     ours, by keyword only."""
     params = inspect.signature(model_new.cross_entropy).parameters
     assert list(params) == ["input", "target", "weight", "ignore_index", "reduction", "label_smoothing", "z_loss",
-                            "return_lse"]
-    assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("z_loss", "return_lse"))
+                            "softcap", "return_lse"]
+    assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("z_loss", "softcap", "return_lse"))
     defaults = {k: v.default for k, v in inspect.signature(model_new.ModelNew).parameters.items()}
     assert defaults == {"weight": None, "ignore_index": -100, "reduction": "mean", "label_smoothing": 0.0,
-                        "z_loss": 0.0, "check_targets": None}
+                        "z_loss": 0.0, "softcap": None, "check_targets": None}
 
 
 def test_the_defaults_are_kernelbenchs_problem_and_anything_else_an_option():
     assert model_new.ModelNew()._options is model_new._DEFAULTS
     assert model_new._options() is model_new._DEFAULTS and model_new._options(ignore_index=-100) is model_new._DEFAULTS
     for kwargs in [{"ignore_index": 0}, {"reduction": "sum"}, {"z_loss": 1e-4}, {"return_lse": True},
-                   {"weight": torch.ones(3)}, {"label_smoothing": 0.1}]:
+                   {"weight": torch.ones(3)}, {"label_smoothing": 0.1}, {"softcap": 30.0}]:
         assert model_new._options(**kwargs) is not model_new._DEFAULTS, kwargs
 
 
 def test_modelnew_keeps_the_weight_as_a_buffer():
     """As PyTorch's loss module: moved and saved with the module; the other options are fixed."""
     w = torch.rand(5)
-    model = model_new.ModelNew(w, 3, "sum", z_loss=0.5)
+    model = model_new.ModelNew(w, 3, "sum", z_loss=0.5, softcap=30)
     assert model.weight is w and "weight" in dict(model.named_buffers()) and "weight" in model.state_dict()
-    assert (model.ignore_index, model.reduction, model.z_loss) == (3, "sum", 0.5)
+    assert (model.ignore_index, model.reduction, model.z_loss, model.softcap) == (3, "sum", 0.5, 30.0)
+    assert model_new.ModelNew().softcap is None
     assert model.to(torch.float64).weight.dtype == torch.float64
     with pytest.raises(AttributeError):
         model.reduction = "none"
@@ -73,6 +74,9 @@ def test_options_pytorch_rejects_raise_before_any_launch():
     for z in [math.inf, math.nan, "0.1", True]:
         with pytest.raises(ValueError, match="z_loss must be a finite number"):
             model_new.cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), z_loss=z)
+    for cap in [0, -1.0, math.inf, math.nan, "30", True, 1e-39, 1e39]:  # float32 normal numbers above 0
+        with pytest.raises(ValueError, match="softcap must be None or a positive number"):
+            model_new.ModelNew(softcap=cap)
     for eps in [-0.1, 1.5, math.nan, "0.1"]:
         with pytest.raises(ValueError, match="label_smoothing must be between 0.0 and 1.0"):
             model_new.ModelNew(label_smoothing=eps)
@@ -110,9 +114,9 @@ def test_the_float64_reference_is_pytorchs(reduction, ignore_index):
 def test_the_options_build_keeps_the_default_builds_fields_in_place():
     """Its fields come last, and only its source reads them (kOptions)."""
     names = [name for name, *_ in model_new._PARAMS]
-    assert names[-13:] == ["ignore_index", "reduction", "losses", "weight", "weight_exact", "lse", "z_loss",
+    assert names[-15:] == ["ignore_index", "reduction", "losses", "weight", "weight_exact", "lse", "z_loss",
                            "label_smoothing", "smoothing_per_class", "probs", "probs_stride", "class_stride",
-                           "probs_dtype"]
+                           "probs_dtype", "softcap", "softcap_rate"]
     assert "constexpr bool kOptions = false;" in model_new._cuda_source()
     assert "constexpr bool kOptions = true;" in model_new._cuda_source(options=True)
 

@@ -1,7 +1,9 @@
 """What the streamed family takes: class-probability targets, inputs (N, C, d1, ..., dk) whose
-classes are strided in memory, and class weights with label smoothing, with every option, against
-float64. On the CPU, the float64 reference against PyTorch's own, and the policy's routing."""
+classes are strided in memory, class weights with label smoothing, and soft-capped logits, with
+every option, against float64. On the CPU, the float64 reference against PyTorch's own, and the
+policy's routing."""
 import itertools
+import math
 
 import pytest
 import torch
@@ -53,7 +55,7 @@ def assert_close(got, want, dtype, rtol=None):
 def check(x, t, **options):
     """cross_entropy(x, t, **options), and ModelNew with them, against float64."""
     want = expected(x, t, options.get("ignore_index", -100), options.get("reduction", "mean"), options.get("weight"),
-                    options.get("z_loss", 0.0), options.get("label_smoothing", 0.0))
+                    options.get("z_loss", 0.0), options.get("label_smoothing", 0.0), options.get("softcap"))
     assert_close(model_new.cross_entropy(x, t, **options), want, result_dtype(x, t))
     module_options = {k: v for k, v in options.items() if k != "z_loss"}
     assert_close(model_new.ModelNew(**module_options, z_loss=options.get("z_loss", 0.0))(x, t), want,
@@ -75,14 +77,28 @@ def test_the_float64_reference_takes_probabilities_and_positions(reduction):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+def test_the_float64_reference_caps_every_logit():
+    x = torch.randn(6, 7, dtype=torch.float64) * 20
+    x[0, 0], x[1, 1], x[2, 2] = -math.inf, math.inf, 1e30
+    capped = 5.0 * torch.tanh(x / 5.0)
+    for t in (torch.tensor([0, 1, 2, 3, 4, -100]), probabilities((6, 7), torch.float64, "cpu")):
+        for reduction in REDUCTIONS:
+            want = torch.nn.functional.cross_entropy(capped, t, reduction=reduction, label_smoothing=0.1)
+            got = expected(x, t, reduction=reduction, label_smoothing=0.1, softcap=5.0)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_the_policy_streams_what_the_other_families_do_not_take():
     gpu, streamed = H100, model_new._STREAMED
     assert model_new._plan(4096, 32000, 32000, 4, gpu, probs=True).family == streamed
     assert model_new._plan(4096, 4096, 4096, 4, gpu, weighted=True, smoothed=True).family == streamed
     assert model_new._plan(4096, 4096, 4096, 4, gpu, weighted=True).family != streamed
     assert model_new._plan(4096, 4096, 4096, 4, gpu, smoothed=True).family != streamed
+    assert model_new._plan(4096, 4096, 4096, 4, gpu, capped=True).family == streamed
+    assert model_new._plan(1, 4096, 4096, 2, gpu, capped=True).family == streamed
     strided = model_new._plan(8 * 512 * 512, 21, 21 * 512 * 512, 4, gpu, class_stride=512 * 512)
     assert strided.family == streamed and strided.group == 4 and strided.grid == model_new._max_grid(streamed, gpu)
+    assert model_new._plan(8 * 512 * 512, 21, 21 * 512 * 512, 2, gpu, class_stride=512 * 512, capped=True).group == 4
     # Quads of positions only where their logits share a load.
     for stride, offset, elem, probs, group in [(9, 0, 4, False, 1), (12, 4, 4, False, 1), (12, 8, 2, False, 4),
                                                (12, 4, 2, False, 1), (12, 0, 4, True, 1)]:
@@ -182,6 +198,49 @@ def test_class_weights_with_label_smoothing(dtype, reduction):
     for name, x in views(64, 1003, dtype):
         t, w = targets(64, 1003), torch.rand(1003, device="cuda").to(dtype)
         check(x, t, reduction=reduction, weight=w, label_smoothing=0.3)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_soft_capped_logits(dtype, reduction):
+    """softcap with every kind of target and stream, in every layout: the capped logits' loss."""
+    for rows, cols in SHAPES:
+        x, t, w = logits(rows, cols, dtype), targets(rows, cols), torch.rand(cols, device="cuda").to(dtype) + 0.5
+        if rows:
+            t[::3] = -100
+        for cap in (30.0, 2.0):  # logits within the cap's near-linear stretch, and most of them saturated
+            check(x, t, reduction=reduction, softcap=cap)
+        check(x, t, reduction=reduction, softcap=10.0, weight=w, label_smoothing=0.1, z_loss=1e-3)
+        check(x, probabilities((rows, cols), dtype), reduction=reduction, softcap=10.0)
+    for shape in POSITION_SHAPES[:4]:  # strided classes, quads of positions and lone ones
+        x = (torch.randn(shape, device="cuda") * 4).to(dtype)
+        check(x, class_targets(shape, shape[1]), reduction=reduction, softcap=3.0, label_smoothing=0.1)
+        check(x, probabilities(shape, dtype), reduction=reduction, softcap=3.0)
+    for name, x in views(64, 1003, dtype):
+        check(x, targets(64, 1003), reduction=reduction, softcap=3.0)
+
+
+@requires_cuda
+def test_soft_capped_logits_special_values_lse_and_kernel():
+    """-inf caps to -softcap and +inf to softcap (both finite), NaN stays NaN; the lse returned is
+    the capped logits'; a SoftCapped instance runs."""
+    x = torch.randn(8, 300, device="cuda") * 8
+    x[1, :] = float("-inf")
+    x[2, 10:20] = float("-inf")
+    x[3, 7] = float("inf")
+    x[4, 9] = float("nan")
+    x[6, 100] = 1e30
+    t = torch.arange(8, device="cuda") * 11
+    for reduction in REDUCTIONS:
+        check(x, t, reduction=reduction, softcap=15.0)
+        check(x.reshape(8, 30, 10), t.reshape(8, 1).expand(8, 10).remainder(30).contiguous(), reduction=reduction,
+              softcap=15.0)
+    lse = model_new.cross_entropy(x, t, softcap=15.0, return_lse=True)[1]
+    torch.testing.assert_close(lse.double(), torch.logsumexp(15.0 * torch.tanh(x.double() / 15.0), 1), rtol=1e-6,
+                               atol=1e-6, equal_nan=True)
+    family, args = launched_kernel(lambda: model_new.cross_entropy(x.half(), t, softcap=15.0))
+    assert family == "streamed" and "SoftCapped<" in args["E"] and args["E"].endswith("F16>"), args
 
 
 @requires_cuda

@@ -63,7 +63,8 @@ def test_the_options_sweeps_reference_is_pytorchs():
 def test_the_options_sweep_keeps_each_rows_best_pass_and_every_passs_check(tmp_path, monkeypatch):
     calls = []
 
-    def fake(n, c, d, trials, floor_fn):
+    def fake(n, c, d, trials, floor_fn, sets):
+        assert sets == ["sum", "softcap, none, ignore 10%"]
         calls.append(n)
         k = len(calls)
         return [{"N": n, "C": c, "dtype": d, "options": "sum", "impl": "model_new", "mean_ms": [3.0, 1.0, 2.0][k - 1],
@@ -74,7 +75,7 @@ def test_the_options_sweep_keeps_each_rows_best_pass_and_every_passs_check(tmp_p
     monkeypatch.setattr(sweep.torch.cuda, "get_device_name", lambda *a: "test device")
     out = str(tmp_path / "options")
     assert sweep.main(["--options", "--shapes", "8192x8192,4x5", "--dtypes", "float32", "--passes", "3",
-                       "--out", out]) == 1  # the third pass failed its check
+                       "--sets", "sum;softcap, none, ignore 10%", "--out", out]) == 1  # the third pass failed its check
     assert calls == [8192] * 3  # 4 x 5 is under 64 MiB
     (row,) = json.load(open(out + ".json"))
     assert row["mean_ms"] == 1.0 and row["correct"] is False and row["passes"] == 3
