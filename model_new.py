@@ -261,6 +261,30 @@ __device__ __forceinline__ void wait_copies() {
 #endif
 }
 
+// The same for a word of 8 or 16 bytes, plain, and its copies counted in groups: commit_copies
+// closes a group, wait_copies_but<n> waits until at most the latest n groups are in flight.
+template <class T>
+__device__ __forceinline__ void copy_async(T* dst, const T* src) {
+  static_assert(sizeof(T) == 8 || sizeof(T) == 16, "a quad: 8 or 16 bytes");
+#if __CUDA_ARCH__ >= 800
+  const unsigned int to = static_cast<unsigned int>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" :: "r"(to), "l"(src), "n"(int(sizeof(T))) : "memory");
+#else
+  *dst = *src;
+#endif
+}
+[[maybe_unused]] __device__ __forceinline__ void commit_copies() {  // (the default build has no use for it)
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wait_copies_but() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+#endif
+}
+
 // A 16-byte store to a shared-memory address held in one 32-bit register: through a generic
 // pointer the compiler rebuilt the shared window's address before each predicated store.
 __device__ __forceinline__ void store_shared(uint32_t address, const uint4& v) {
@@ -1906,19 +1930,27 @@ __device__ __forceinline__ void stream_row(const Params& p, const typename E::St
 }
 
 // Four neighbouring positions of strided class indices, a thread's (kQuad): each class's four
-// logits come in one load (16 bytes of float32, 8 of 16-bit), kClasses classes at a time. A
-// lone position's 2- or 4-byte loads kept too few bytes in flight ("Streamed rows"). Adds the
-// positions' losses, class weights and ignored rows to the thread's sums.
+// logits are one 16- or 8-byte word, a Quad. A lone position's 2- or 4-byte loads kept too few
+// bytes in flight ("Streamed rows"), and so did a thread's registers for 16-bit quads: those are
+// copied to shared memory by cp.async, which holds no register while in flight, kQuadClasses
+// classes a stage and kQuadStages<E> stages in flight. Each thread copies and reads only its own
+// slots, so no barrier is needed: its wait for its own copies is enough. Float32's quads, whose
+// stage would be one, are loaded into registers, as many bytes. Adds the positions' losses, class
+// weights and ignored rows to the thread's sums.
 template <class E>
-__device__ __forceinline__ uint4 load_quad(const typename E::Storage* x) {  // elements 0..3 as E::at reads them
-  if constexpr (sizeof(typename E::Storage) == 4) return *reinterpret_cast<const uint4*>(x);
-  const uint2 q = *reinterpret_cast<const uint2*>(x);
-  return make_uint4(q.x, q.y, 0u, 0u);
+using Quad = typename std::conditional<sizeof(typename E::Storage) == 4, uint4, uint2>::type;
+template <class E>
+constexpr int kQuadStages = kQuadStageBytes / (kQuadClasses * kThreads * int(sizeof(Quad<E>)));
+template <class E>
+__device__ __forceinline__ float quad_at(const Quad<E>& q, int i) {  // position i's logit
+  if constexpr (sizeof(typename E::Storage) == 4) return E::at(q, i);
+  else return E::at(make_uint4(q.x, q.y, 0u, 0u), i);
 }
 template <class E>
-__device__ __forceinline__ void stream_quad(const Params& p, long long row0, float& loss_sum, float& weight_sum,
-                                            unsigned int& ignored) {
-  constexpr int kClasses = 8;
+__device__ __forceinline__ void stream_quad(const Params& p, long long row0, Quad<E>* slots, float& loss_sum,
+                                            float& weight_sum, unsigned int& ignored) {
+  constexpr int kStages = kQuadStages<E>;
+  constexpr bool kStaged = kStages > 1;
   int code[kQuad];
 #pragma unroll
   for (int i = 0; i < kQuad; ++i)
@@ -1930,29 +1962,55 @@ __device__ __forceinline__ void stream_quad(const Params& p, long long row0, flo
   for (int i = 0; i < kQuad; ++i) st[i] = {-INFINITY, 0.f}, gap[i] = {0.f, 0.f}, x_t[i] = 0.f;
   const int cols = int(p.cols);
   const bool shares = smoothing(p);
-  if (row0 < p.rows) {  // the logits' loads wait for no target: they go out with the targets'
+  if (row0 < p.rows) {  // the logits' copies wait for no target: they go out with the targets' loads
     const long long n = row0 / p.class_stride, s = row0 - n * p.class_stride;
     const auto* x0 = static_cast<const typename E::Storage*>(p.logits) + n * p.row_stride + s;
     const long long stride = p.class_stride;
-    const auto* xj = x0;  // class j0's: a pointer stepped along, where an index times the stride cost a 64-bit product a load
-    for (int j0 = 0; j0 < cols; j0 += kClasses) {
-      uint4 q[kClasses];
-      const int nvalid = min(kClasses, cols - j0);
+    const auto* xj = x0;  // the next class to copy: a pointer stepped along, where an index times the stride cost a 64-bit product a load
+    const int batches = (cols + kQuadClasses - 1) / kQuadClasses;
+    auto slot = [&](int batch, int k) -> Quad<E>& { return slots[((batch % kStages) * kQuadClasses + k) * kThreads]; };
+    Quad<E> neg_inf;  // past the row's classes: exp(-inf) = 0
+    const uint4 neg_inf_words = neg_inf_vec<E>();
+    memcpy(&neg_inf, &neg_inf_words, sizeof neg_inf);
+    auto load = [&](int j) { return j < cols ? *reinterpret_cast<const Quad<E>*>(xj) : neg_inf; };
+    auto stage = [&](int batch) {  // batch's copies, one commit group (empty past the row: the waits count groups)
+      if (kStaged && batch < batches)
 #pragma unroll
-      for (int k = 0; k < kClasses; ++k) {
-        q[k] = k < nvalid ? load_quad<E>(xj) : neg_inf_vec<E>();
-        xj += stride;
+        for (int k = 0; k < kQuadClasses; ++k) {
+          if (batch * kQuadClasses + k < cols) copy_async(&slot(batch, k), reinterpret_cast<const Quad<E>*>(xj));
+          else slot(batch, k) = neg_inf;
+          xj += stride;
+        }
+      commit_copies();
+    };
+    if constexpr (kStaged)
+#pragma unroll
+      for (int b = 0; b < kStages; ++b) stage(b);
+    for (int b = 0; b < batches; ++b) {
+      Quad<E> q[kQuadClasses];
+      const int j0 = b * kQuadClasses, nvalid = min(kQuadClasses, cols - j0);
+      if constexpr (kStaged) {
+        wait_copies_but<kStages - 1>();  // batch b's group has landed
+#pragma unroll
+        for (int k = 0; k < kQuadClasses; ++k) q[k] = slot(b, k);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kQuadClasses; ++k) {
+          q[k] = load(j0 + k);
+          xj += stride;
+        }
       }
 #pragma unroll
       for (int i = 0; i < kQuad; ++i) {
-        float x[kClasses];
+        float x[kQuadClasses];
 #pragma unroll
-        for (int k = 0; k < kClasses; ++k) {
-          x[k] = kSoftCapped<E> && k >= nvalid ? -INFINITY : logit<E>(p, E::at(q[k], i));  // capped -inf is finite
+        for (int k = 0; k < kQuadClasses; ++k) {
+          x[k] = kSoftCapped<E> && k >= nvalid ? -INFINITY : logit<E>(p, quad_at<E>(q[k], i));  // capped -inf is finite
           if (j0 + k == code[i]) x_t[i] = x[k];  // the target's logit, picked out on the way
         }
         stream_add(st[i], gap[i], x, nvalid, shares, [&](int k) { return weight_at<E>(p, j0 + k); });
       }
+      if constexpr (kStaged) stage(b + kStages);  // into the slots just read: their values are used above, so the reads are done
     }
   }
 #pragma unroll
@@ -1977,6 +2035,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
   __shared__ float2 warp_gaps[2][kWarps];
   __shared__ float warp_sums[2][kChunkSums];
   __shared__ long long claimed[2];
+  extern __shared__ uint4 dynamic_smem[];  // quads: the staged copies (launch_streamed_for)
+  auto* quad_slots = reinterpret_cast<Quad<E>*>(dynamic_smem);
   const int group = kStrided ? 1 : p.group;
   const bool quads = kStrided && !kProbs && p.group == kQuad;  // strided: p.group is the positions a thread
   const int lane = threadIdx.x & (group - 1);
@@ -2000,7 +2060,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
     const long long row = row_of(claims.chunk);
     if (quads) {
       float loss = 0.f, weight = 0.f;
-      stream_quad<E>(p, row, loss, weight, ignored);
+      stream_quad<E>(p, row, quad_slots + threadIdx.x, loss, weight, ignored);
       end_chunk(p, true, loss, weight, 1, warp_sums[parity], claims, claim, &claimed[parity]);
       claims.advance(&claimed[parity]);
       continue;
@@ -2054,8 +2114,12 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
 template <class L, class E, bool kStrided>  // L: the logits' format, E or SoftCapped<E>
 void launch_streamed_for(const Params& p) {
   const dim3 grid(p.grid), block(kThreads);
+  const size_t quad_smem = kStrided && p.group == kQuad && kQuadStages<E> > 1 ?
+                            kQuadStages<E> * kQuadClasses * kThreads * sizeof(Quad<E>) : 0;
   switch (p.probs_dtype) {
-    case kClassIndices: cross_entropy_streamed_kernel<L, ClassIndices, kStrided><<<grid, block, 0, p.stream>>>(p); break;
+    case kClassIndices:
+      cross_entropy_streamed_kernel<L, ClassIndices, kStrided><<<grid, block, quad_smem, p.stream>>>(p);
+      break;
     case kFloat32: cross_entropy_streamed_kernel<L, F32, kStrided><<<grid, block, 0, p.stream>>>(p); break;
     default: cross_entropy_streamed_kernel<L, E, kStrided><<<grid, block, 0, p.stream>>>(p);  // the logits' dtype
   }
@@ -2218,7 +2282,9 @@ _FLOAT32 = torch.finfo(torch.float32)
 _CLASS_INDICES = -1       # a streamed launch's probs_dtype for class-index targets
 _STREAM_VECS = 4          # the streamed family's vectors a thread at a time, per stream ...
 _STREAM_BATCHES = 8       # ... and batches of them a lane per row, where rows are long enough ("Streamed rows")
-_QUAD = 4                 # strided class indices: neighbouring positions a thread, where they share a load
+_QUAD = 4                 # strided class indices: neighbouring positions a thread, where they share a load, ...
+_QUAD_CLASSES = 8         # ... their classes copied to shared memory this many at a time ...
+_QUAD_STAGE_BYTES = 32 << 10  # ... in stages of at most this many bytes a CTA ("Streamed rows")
 
 _KERNEL_CONSTANTS = {
     "kThreads": _THREADS, "kCtasPerSm": _CTAS_PER_SM, "kCtasPerSmMoreRegisters": _CTAS_PER_SM_MORE_REGISTERS,
@@ -2227,6 +2293,7 @@ _KERNEL_CONSTANTS = {
     "kOneRowThreads": _ONE_ROW_THREADS, "kOneRowThreadsSm75": _ONE_ROW_THREADS_SM75, "kExactWords": _EXACT_WORDS,
     "kFamilyRows": _ROWS, "kFamilyTiles": _TILES, "kFamilyRowBatches": _ROW_BATCHES, "kFamilyOneRow": _ONE_ROW,
     "kFamilyStreamed": _STREAMED, "kClassIndices": _CLASS_INDICES, "kStreamVecs": _STREAM_VECS, "kQuad": _QUAD,
+    "kQuadClasses": _QUAD_CLASSES, "kQuadStageBytes": _QUAD_STAGE_BYTES,
     "kVectorSweeps": _VECTOR_SWEEPS, "kElementSweeps": _ELEMENT_SWEEPS, "kPairSweeps": _PAIR_SWEEPS,
     "kFloat32": _DTYPE_CODES[torch.float32], "kBFloat16": _DTYPE_CODES[torch.bfloat16],
     "kFloat16": _DTYPE_CODES[torch.float16],

@@ -19,9 +19,10 @@ REDUCTIONS = ["none", "sum", "mean"]
 # Rows of every kind of stream: vectors and edges (C not a multiple of any vector width), short rows
 # of a few lanes, long rows, one row, one class, none.
 SHAPES = [(512, 77), (64, 5000), (4096, 129), (16, 25600), (3000, 10), (1, 4096), (7, 3), (5, 1), (0, 17)]
-# (N, C, d1, ..., dk): strided classes, odd positions, one position, no positions, no samples.
+# (N, C, d1, ..., dk): strided classes, odd positions, one position, no positions, no samples; quads
+# of positions whose classes fill one, two, or more stages than stream_quad keeps in flight.
 POSITION_SHAPES = [(2, 5, 3, 4), (4, 21, 17, 9), (3, 7, 1000), (2, 19, 8, 16), (5, 1, 7), (6, 4, 1), (2, 3, 0, 4),
-                   (0, 5, 3)]
+                   (0, 5, 3), (3, 8, 4, 4), (2, 16, 8), (2, 41, 4, 8), (3, 1, 8)]
 
 
 def probabilities(shape, dtype, device="cuda"):
