@@ -16,7 +16,7 @@ One launch reads every logit once and writes nothing of size N x C: each row is 
 in integers, so the result is bitwise the same from run to run; the last CTA to finish divides.
 
 Where to look:
-  _CUDA_SRC             the kernels: its header gives the algorithm and the four kernel families
+  _CUDA_SRC             the kernels: its header gives the algorithm and the five kernel families
   the launch policy     _plan: the family (_family), the kind of load (_evict_first), the shape
   the GPU               _gpu: the driver's figures the policy reads (_DEVICE_ATTRIBUTES)
   the boundary          _PARAMS: the launch's one parameter block, declared once for both sides
@@ -60,7 +60,8 @@ _CUDA_SRC = r"""
 //                      in flight while this one is reduced;
 //   one row            a lone row of up to 128 KB (64 KB on sm_75), one CTA holding all of it;
 //   streamed rows      the options build's: probability targets, inputs (N, C, d1, ..., dk) whose
-//                      classes are strided in memory, class weights with label smoothing.
+//                      classes are strided in memory, class weights with label smoothing, and
+//                      soft-capped logits.
 // All but one row share the rest: CTAs take chunks of work (rows, a tile, a batch), first two
 // each by their index, then claimed from a counter, so that SMs that stream faster take more and
 // the grid still sweeps the tensor front to back (ChunkClaims). Each chunk's losses are summed in a
