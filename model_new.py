@@ -2341,11 +2341,13 @@ def _more_registers(cc):
     return cc < 80 or cc >= 100
 
 
-def _ctas_per_sm(family, gpu):
+def _ctas_per_sm(family, gpu, dynamic_shared=0):
     """CTAs of a family one SM holds at once: the launch bounds', or fewer where threads or shared
-    memory run out (tiles: one on sm_75, two on sm_86, sm_89 and sm_120)."""
+    memory run out (tiles: one on sm_75, two on sm_86, sm_89 and sm_120); dynamic_shared: what the
+    launch adds (_quad_stage_bytes)."""
     bound = _CTAS_PER_SM_MORE_REGISTERS if _more_registers(gpu.cc) else _CTAS_PER_SM
-    return min(bound, gpu.threads_per_sm // _THREADS, gpu.smem_per_sm // (_CTA_SHARED_BYTES[family] + gpu.smem_reserved))
+    shared = _CTA_SHARED_BYTES[family] + dynamic_shared + gpu.smem_reserved
+    return min(bound, gpu.threads_per_sm // _THREADS, gpu.smem_per_sm // shared)
 
 
 def _max_grid(family, gpu):
@@ -2431,15 +2433,26 @@ def _streamed_shape(rows, cols, elem_bytes, gpu, class_stride, offset, probs):
     elements), in `group`. Contiguous: lanes few enough that each takes _STREAM_BATCHES batches of
     a row (each row's merge and the wait for its last batch amortized), at most a CTA. A chunk is a
     CTA's rows; every CTA that fits, or as many as there are chunks."""
+    staged = 0  # quads' dynamic shared memory
     if class_stride > 1:
         group = _QUAD if not probs and class_stride % _QUAD == 0 and offset % (_QUAD * elem_bytes) == 0 else 1
         chunk_rows = _THREADS * group
+        staged = _quad_stage_bytes(elem_bytes) if group == _QUAD else 0
     else:
         batches = _STREAM_VECS * _STREAM_BATCHES
         group = min(_THREADS, _pow2_at_least(max(1, -(-(cols // (16 // elem_bytes)) // batches))))
         chunk_rows = _THREADS // group
     chunks = -(-rows // chunk_rows)
-    return _Plan(_STREAMED, False, max(1, min(_max_grid(_STREAMED, gpu), chunks)), group, chunks)
+    return _Plan(_STREAMED, False, max(1, min(gpu.sms * _ctas_per_sm(_STREAMED, gpu, staged), chunks)), group, chunks)
+
+
+def _quad_stage_bytes(elem_bytes):
+    """The shared memory a CTA of quads stages its classes in, as the kernels' launch gives it
+    (kQuadStages stages of kQuadClasses classes of every thread's quad), or 0 where one stage
+    would hold no more than registers do and quads load directly (float32)."""
+    stage = _QUAD_CLASSES * _THREADS * _QUAD * elem_bytes
+    stages = _QUAD_STAGE_BYTES // stage
+    return stages * stage if stages > 1 else 0
 
 
 def _pow2_at_least(x):

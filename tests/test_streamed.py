@@ -112,6 +112,13 @@ def test_the_policy_streams_what_the_other_families_do_not_take():
     assert model_new._plan(3, 4096, 4096, 4, gpu, probs=True).grid == 1  # a CTA's chunk is 8 such rows
     for name, other in GPU_PLANS.items():  # every CTA resident at once, on every GPU
         assert model_new._plan(10**6, 21, 21, 4, other, class_stride=9).grid == model_new._max_grid(streamed, other), name
+        # 16-bit quads with their staged copies too: fewer CTAs where shared memory runs out first.
+        quads = model_new._plan(10**6, 21, 21 * 512, 2, other, class_stride=512)
+        per_cta = model_new._CTA_SHARED_BYTES[streamed] + 32 * 1024 + other.smem_reserved
+        assert quads.grid == other.sms * min(model_new._ctas_per_sm(streamed, other), other.smem_per_sm // per_cta), name
+    assert model_new._plan(10**6, 21, 21 * 512, 2, GPU_PLANS["T4"], class_stride=512).grid == GPU_PLANS["T4"].sms
+    assert model_new._plan(10**6, 21, 21 * 512, 2, H100, class_stride=512).grid == model_new._max_grid(streamed, H100)
+    assert model_new._quad_stage_bytes(4) == 0 and model_new._quad_stage_bytes(2) == 32 * 1024
 
 
 # ------------------------------------------------------------------ on the GPU
