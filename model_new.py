@@ -1734,17 +1734,17 @@ __global__ void __launch_bounds__(kOneRowCta) cross_entropy_one_row_kernel(const
 // ================================================================== family: streamed rows
 // What the other families do not take: probability targets, inputs of shape (N, C, d1, ..., dk)
 // whose classes lie d1 * ... * dk elements apart ("strided"), class weights with label smoothing,
-// and logits soft-capped (SoftCapped formats: each logit passes through softcap_logit first). A row (one sample position) streams through once and nothing of it is held: a running
-// (m, s), a Gap and, for class indices, the target's logit and class weight, loaded as the row
-// starts. Every loss here is sum_j c_j (lse - x_j), one Gap's W log(s) + sum_j c_j (base - x_j), with
-// c_j the class's share: w_j ((1 - eps) p_j + eps / C) for probability targets p (w_j = 1 without
-// weights), w_j in label smoothing's term for class indices. Contiguous classes: `group` threads (a
-// power of two up to the CTA) take a row's 16-byte vectors in turn, kStreamVecs of each stream at a
-// time (the class weights' too, where they share the logits' 16-byte grid); strided classes: a
-// thread per position, or per four neighbouring ones where their logits share a load (stream_quad),
-// so that neighbouring threads read neighbouring positions and each class's loads coalesce. A
-// chunk is a CTA's worth of rows, claimed as the other families claim theirs, and its sum goes to
-// the exact sum.
+// and soft-capped logits (SoftCapped formats, whose values `logit` caps). A row (one sample
+// position) streams through once and nothing of it is held: a running (m, s), a Gap and, for class
+// indices, the target's logit and class weight, loaded as the row starts. Every loss here is
+// sum_j c_j (lse - x_j), one Gap's W log(s) + sum_j c_j (base - x_j), with c_j the class's share:
+// w_j ((1 - eps) p_j + eps / C) for probability targets p (w_j = 1 without weights), w_j in label
+// smoothing's term for class indices. Contiguous classes: `group` threads (a power of two up to the
+// CTA) take a row's 16-byte vectors in turn, kStreamVecs of each stream at a time (the class
+// weights' too, where they share the logits' 16-byte grid); strided classes: a thread per position,
+// or per four neighbouring ones where their logits share a load (stream_quad), so that neighbouring
+// threads read neighbouring positions and each class's loads coalesce. A chunk is a CTA's worth of
+// rows, claimed as the other families claim theirs, and its sum goes to the exact sum.
 static_assert(kStreamVecs <= kBatch, "a streamed batch, of logits and probabilities, in the registers of a row's batch");
 struct ClassIndices {};  // the targets of a streamed launch without probability targets
 template <class P>
