@@ -11,6 +11,11 @@ soft-capped first) and return_lse (every row's log-sum-exp). Those run in a seco
 same kernels, compiled on first use. The default build compiles at import for the GPU present, of
 compute capability 7.5 (T4) or newer.
 
+Both train: on logits (or probability targets) that require grad, under grad mode, the forward also
+saves every row's log-sum-exp, and loss.backward() runs the options build's gradient kernel, every
+option included; torch.compile sees custom operators (kb95::cross_entropy and its backward), so a
+model compiles with fullgraph=True.
+
 One launch reads every logit once and writes nothing of size N x C: each row is reduced to
 (max, sum of exp) in fp32, the target logit picked out on the way; the losses are summed exactly,
 in integers, so the result is bitwise the same from run to run; the last CTA to finish divides.
@@ -20,7 +25,8 @@ Where to look:
   the launch policy     _plan: the family (_family), the kind of load (_evict_first), the shape
   the GPU               _gpu: the driver's figures the policy reads (_DEVICE_ATTRIBUTES)
   the boundary          _PARAMS: the launch's one parameter block, declared once for both sides
-  the dispatch          _cross_entropy, called by ModelNew.forward and cross_entropy
+  the dispatch          _cross_entropy, called by ModelNew.forward and cross_entropy (through _loss)
+  the gradient          _cross_entropy_backward, _Loss (eager autograd), _forward_op (torch.compile)
 The figures behind each choice are in bench/PERF.md, by the section a comment names.
 
 A target outside [0, C) other than -100 makes the result NaN. Set CROSS_ENTROPY_CHECK_TARGETS=1
@@ -35,7 +41,7 @@ import os
 import struct
 import subprocess
 from collections import namedtuple
-from typing import NamedTuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch.utils.cpp_extension import CUDA_HOME, load_inline
@@ -62,6 +68,8 @@ _CUDA_SRC = r"""
 //   streamed rows      the options build's: probability targets, inputs (N, C, d1, ..., dk) whose
 //                      classes are strided in memory, class weights with label smoothing, and
 //                      soft-capped logits.
+// And for training, the options build's gradient: from every row's log-sum-exp, which the forward
+// saves, it reads the logits once more and writes d loss / d logits once, for every option.
 // All but one row share the rest: CTAs take chunks of work (rows, a tile, a batch), first two
 // each by their index, then claimed from a counter, so that SMs that stream faster take more and
 // the grid still sweeps the tensor front to back (ChunkClaims). Each chunk's losses are summed in a
@@ -2112,30 +2120,262 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
   store_result<O>(p, total);
 }
 
-template <class L, class E, bool kStrided>  // L: the logits' format, E or SoftCapped<E>
-void launch_streamed_for(const Params& p) {
-  const dim3 grid(p.grid), block(kThreads);
-  const size_t quad_smem = kStrided && p.group == kQuad && kQuadStages<E> > 1 ?
-                            kQuadStages<E> * kQuadClasses * kThreads * sizeof(Quad<E>) : 0;
-  switch (p.probs_dtype) {
-    case kClassIndices:
-      cross_entropy_streamed_kernel<L, ClassIndices, kStrided><<<grid, block, quad_smem, p.stream>>>(p);
-      break;
-    case kFloat32: cross_entropy_streamed_kernel<L, F32, kStrided><<<grid, block, 0, p.stream>>>(p); break;
-    default: cross_entropy_streamed_kernel<L, E, kStrided><<<grid, block, 0, p.stream>>>(p);  // the logits' dtype
+// ================================================================== the gradient
+// The options build's backward: d loss / d logits, and where asked d loss / d probability targets,
+// from the forward's every-row log-sum-exp, in one read of the logits (and probabilities) and one
+// write of the gradient. Row r's, with e_j = exp(y_j - lse) the softmax of its logits y (capped where
+// asked), g the loss's incoming gradient (over the mean's divisor, which the host divides by on the
+// device; the row's own for reduction none) and w_j the class weights (1 without):
+//   dx_j = (g (a e_j - b_j) + l e_j) y'_j,   dq_j = g (1 - eps) w_j (lse - y_j)
+// b_j: class j's share of the row's loss: for class indices eps / C w_j, plus (1 - eps) w_t at the
+// target t; for probabilities q, w_j ((1 - eps) q_j + eps / C). a: the shares' sum, so that a e_j -
+// b_j cancels exactly where it should (one class). l: the incoming gradient of the row's returned
+// log-sum-exp (Params::grad_lse) plus z-loss's 2 z g lse. y'_j: the cap's slope, or 1. A row whose
+// loss does not count (ignore_index) has none of g's terms: its gradient is exactly 0 where no l
+// reaches it, whatever its logits hold.
+// Contiguous classes: `group` lanes of a warp take a row, 16-byte vectors where the logits, the
+// gradient and the probabilities share their 16-byte grid (the next batch of them in flight while
+// this one is written), element by element elsewhere; strided classes: a thread a position, so that
+// neighbouring threads read and write neighbouring positions. A row's scalars (target, lse, incoming
+// gradients) are loaded a row ahead, and its first batch before its class weight: no row waits on a
+// chain of loads before its stream starts.
+
+static_assert(kGradientVecs % 2 == 0, "probabilities take half the vectors a lane: a whole number");
+
+// A logit as the loss sees it (logit's value, by the same instructions) and its slope d y / d x:
+// with r = 1 / (1 + e), e = 2^(x softcap_rate), y = softcap (1 - 2r) and 1 - (y / softcap)^2 =
+// 4 r (1 - r), where 1 - r = e r is taken from e while e is small, so that neither cancels.
+template <class L>
+__device__ __forceinline__ float logit_and_slope(const Params& p, float x, float& slope) {
+  slope = 1.f;
+  if constexpr (kSoftCapped<L>) {
+    const float e = exp2_approx(x * p.softcap_rate);
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
+    slope = 4.f * r * (e < 1.f ? e * r : 1.f - r);
+    return fmaf(-2.f * p.softcap, r, p.softcap);
+  }
+  return x;
+}
+
+// kPerVec floats as one 16-byte vector of E, each rounded once.
+template <class E>
+__device__ __forceinline__ uint4 vector_of(const float (&v)[E::kPerVec]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (E::kPerVec == 4) w[k] = __float_as_uint(v[k]);
+    else w[k] = uint32_t(E::bits(v[2 * k])) | uint32_t(E::bits(v[2 * k + 1])) << 16;
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// What a row's gradient starts from, loaded a row ahead: its log-sum-exp, its incoming gradients
+// (the loss's for reduction none; the log-sum-exp's) and its target.
+struct RowInputs {
+  float lse, g, l;
+  TargetWords target;
+};
+template <bool kProbs>
+__device__ __forceinline__ RowInputs load_row_inputs(const Params& p, long long row) {
+  RowInputs in = {0.f, 0.f, 0.f, {0u, 0u}};
+  if (row < p.rows) {
+    in.lse = p.lse[row];
+    if (p.reduction == kReductionNone) in.g = p.grad_out[row];
+    if (p.grad_lse) in.l = p.grad_lse[row];
+    if (!kProbs) in.target = load_target_words(p, row);
+  }
+  return in;
+}
+
+// A row's factors: its lse, a, g and l (the header's), its target's share (1 - eps) w_t and column
+// (class indices; else -1), and whether its gradient is 0 throughout.
+struct RowGradient {
+  float lse, a, g, l, own;
+  int target;
+  bool zero;
+};
+
+// dx_j of one element, and dq_j for probabilities: its logit x, class weight w (1 where no share
+// reads it), probability q (0 for class indices) and whether it is the target. b_j is formed as a's
+// terms are, so that a e_j - b_j is exactly 0 where the row has one class.
+template <class L, bool kProbs>
+__device__ __forceinline__ float element_gradient(const Params& p, const RowGradient& r, float x, float w, float q,
+                                                  bool target, float& dq) {
+  float slope;
+  const float y = logit_and_slope<L>(p, x, slope);
+  const float e = exp2_approx((y - r.lse) * kLog2e);
+  const float b = kProbs ? class_share<true>(p, w, q) : target ? fmaf(p.smoothing_per_class, w, r.own)
+                                                               : p.smoothing_per_class * w;
+  if constexpr (kProbs) dq = r.g * (1.f - p.label_smoothing) * w * (r.lse - y);
+  return r.zero ? 0.f : fmaf(r.g, fmaf(r.a, e, -b), r.l * e) * slope;
+}
+
+template <class L, class P, bool kStrided>
+__global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradient_kernel(const Params p) {
+  constexpr bool kProbs = kIsProbs<P>;
+  using S = typename L::Storage;
+  using PF = ProbsFormat<L, P>;
+  using PS = typename PF::Storage;
+  constexpr bool kVectors = !kStrided && sizeof(PS) == sizeof(S);  // (else no row has whole vectors)
+  constexpr int kVecs = kProbs ? kGradientVecs / 2 : kGradientVecs;  // two streams: as many bytes in flight
+  constexpr int kElems = 4;  // elements in flight a lane, off the vectors
+  const int group = kStrided ? 1 : p.group;  // lanes a row, at most a warp's
+  const int lane = threadIdx.x & (group - 1);
+  const int cols = int(p.cols);
+  const long long stride = kStrided ? p.class_stride : 1;
+  const long long rows_a_step = (long long)gridDim.x * (kThreads / group);
+  const bool class_weights = weighted(p) && (kProbs || smoothing(p));  // where a share reads w_j
+  const float g_all = p.reduction == kReductionNone ? 0.f : *p.grad_out;  // the mean's and the sum's, every row's
+  const float all_weights = weighted(p) && !kProbs && smoothing(p) ? *p.weight_total : float(p.cols);
+
+  long long row = blockIdx.x * (kThreads / group) + threadIdx.x / group;
+  RowInputs next = load_row_inputs<kProbs>(p, row);
+  // Every lane of a warp runs each step, live row or not: the group's sum shuffles across it.
+  for (; row - threadIdx.x / group < p.rows; row += rows_a_step) {
+    const RowInputs in = next;
+    next = load_row_inputs<kProbs>(p, row + rows_a_step);
+    const bool live = row < p.rows;
+    const int len = live ? cols : 0;
+    const long long n = kStrided ? row / p.class_stride : row, s = kStrided ? row - n * p.class_stride : 0;
+    const S* x_row = static_cast<const S*>(p.logits) + n * p.row_stride + s;
+    S* dx_row = static_cast<S*>(p.grad) + n * p.grad_row_stride + s;
+    const PS* q_row = nullptr;
+    PS* dq_row = nullptr;
+    if constexpr (kProbs) {
+      q_row = static_cast<const PS*>(p.probs) + n * p.probs_stride + s;
+      dq_row = static_cast<PS*>(p.grad_probs) + n * p.grad_row_stride + s;
+    }
+    // Whole vectors where every stream shares the logits' 16-byte grid: their first batch goes out now.
+    Aligned cut = {len, 0};
+    if constexpr (kVectors) {
+      const auto grid_of = [](const void* a) { return reinterpret_cast<uintptr_t>(a) & 15; };
+      const uintptr_t at = grid_of(x_row);
+      if (grid_of(dx_row) == at && (!kProbs || (grid_of(q_row) == at && (!p.grad_probs || grid_of(dq_row) == at))))
+        cut = align_stretch<L>(x_row, len);
+    }
+    const uint4* x_vecs = reinterpret_cast<const uint4*>(x_row + cut.head);
+    const uint4* q_vecs = kProbs ? reinterpret_cast<const uint4*>(q_row + cut.head) : nullptr;
+    uint4 xb[kVecs], qb[kVecs];
+    auto load_batch = [&](int v0) {
+#pragma unroll
+      for (int u = 0; u < kVecs; ++u) {
+        const int v = v0 + u * group;
+        xb[u] = v < cut.nvec ? x_vecs[v] : uint4{};
+        if constexpr (kProbs) qb[u] = v < cut.nvec ? q_vecs[v] : uint4{};
+      }
+    };
+    if constexpr (kVectors) load_batch(lane);
+
+    // The row's factors.
+    RowGradient r = {in.lse, 0.f, p.reduction == kReductionNone ? in.g : g_all, in.l, 0.f, -1, false};
+    bool counts = true;
+    if constexpr (kProbs) {
+      float a = 0.f;
+      for (int j = lane; j < len; j += group)
+        a += class_share<true>(p, class_weights ? weight_at<L>(p, j) : 1.f, load_scalar<PF>(q_row + j * stride));
+      r.a = lanes_sum(a, group);
+    } else {
+      const long long code = live ? target_code(p, target_value(p, in.target)) : kTargetIgnored;
+      counts = code != kTargetIgnored;
+      if (code == kTargetBad) r.g = __int_as_float(0x7fc00000);  // NaN, as the row's loss
+      if (code >= 0) r.own = (1.f - p.label_smoothing) * class_weight<L>(p, code);
+      r.target = int(code);
+      r.a = fmaf(p.smoothing_per_class, all_weights, r.own);
+    }
+    if (!counts) r.g = 0.f;
+    if (counts && p.z_loss != 0.f) r.l = fmaf(2.f * p.z_loss * r.g, in.lse, r.l);
+    r.zero = !counts && p.grad_lse == nullptr;
+
+    // Element by element: the edges around the vectors, or the whole row.
+    const int nedge = len - cut.nvec * L::kPerVec;
+    for (int k0 = lane; k0 < nedge; k0 += kElems * group) {
+      float x[kElems], q[kElems];
+#pragma unroll
+      for (int u = 0; u < kElems; ++u) {
+        const long long j = edge_element<L>(cut, min(k0 + u * group, nedge - 1));
+        x[u] = load_scalar<L>(x_row + j * stride);
+        q[u] = 0.f;
+        if constexpr (kProbs) q[u] = load_scalar<PF>(q_row + j * stride);
+      }
+#pragma unroll
+      for (int u = 0; u < kElems; ++u) {
+        if (k0 + u * group >= nedge) break;
+        const int j = edge_element<L>(cut, k0 + u * group);
+        float dq = 0.f;
+        const float dx = element_gradient<L, kProbs>(p, r, x[u], class_weights ? weight_at<L>(p, j) : 1.f, q[u],
+                                                     j == r.target, dq);
+        L::store(dx_row + j * stride, dx);
+        if (kProbs && p.grad_probs) PF::store(dq_row + j * stride, dq);
+      }
+    }
+    if constexpr (kVectors) {
+      uint4* dx_vecs = reinterpret_cast<uint4*>(dx_row + cut.head);
+      uint4* dq_vecs = kProbs ? reinterpret_cast<uint4*>(dq_row + cut.head) : nullptr;
+      for (int v0 = lane; v0 < cut.nvec; v0 += kVecs * group) {
+        uint4 xc[kVecs], qc[kVecs];
+#pragma unroll
+        for (int u = 0; u < kVecs; ++u) xc[u] = xb[u], qc[u] = qb[u];
+        load_batch(v0 + kVecs * group);
+#pragma unroll
+        for (int u = 0; u < kVecs; ++u) {
+          const int v = v0 + u * group;
+          if (v >= cut.nvec) break;
+          const int col = cut.head + v * L::kPerVec;
+          float dx[L::kPerVec], dq[L::kPerVec];
+#pragma unroll
+          for (int i = 0; i < L::kPerVec; ++i) {
+            float q = 0.f;
+            if constexpr (kProbs) q = PF::at(qc[u], i);
+            dx[i] = element_gradient<L, kProbs>(p, r, L::at(xc[u], i), class_weights ? weight_at<L>(p, col + i) : 1.f,
+                                                q, col + i == r.target, dq[i]);
+          }
+          dx_vecs[v] = vector_of<L>(dx);
+          if (kProbs && p.grad_probs) dq_vecs[v] = vector_of<PF>(dq);
+        }
+      }
+    }
   }
 }
 
-template <class L, class E>
-void launch_streamed_strided(const Params& p) {
-  if (p.class_stride > 1) launch_streamed_for<L, E, true>(p);
-  else launch_streamed_for<L, E, false>(p);
+// A streamed or gradient launch's instance: launch(L{}, P{}, kStrided) with L the logits' format (E,
+// or SoftCapped<E>), P the targets' (ClassIndices, or the probabilities' format: float32 or E) and
+// kStrided a std::bool_constant, whether classes are strided.
+template <class E, class Launch>
+void launch_options_instance(const Params& p, Launch launch) {
+  auto for_targets = [&](auto logits, auto strided) {
+    switch (p.probs_dtype) {
+      case kClassIndices: return launch(logits, ClassIndices{}, strided);
+      case kFloat32: return launch(logits, F32{}, strided);
+      default: return launch(logits, E{}, strided);  // the logits' dtype
+    }
+  };
+  auto for_layout = [&](auto logits) {
+    if (p.class_stride > 1) for_targets(logits, std::true_type{});
+    else for_targets(logits, std::false_type{});
+  };
+  if (p.softcap != 0.f) for_layout(SoftCapped<E>{});
+  else for_layout(E{});
 }
 
 template <class E>
 void launch_streamed(const Params& p) {
-  if (p.softcap != 0.f) launch_streamed_strided<SoftCapped<E>, E>(p);
-  else launch_streamed_strided<E, E>(p);
+  launch_options_instance<E>(p, [&](auto logits, auto targets, auto strided) {
+    using L = decltype(logits);
+    using P = decltype(targets);
+    constexpr bool kStrided = decltype(strided)::value;
+    const size_t quad_smem = kStrided && !kIsProbs<P> && p.group == kQuad && kQuadStages<E> > 1 ?
+                              kQuadStages<E> * kQuadClasses * kThreads * sizeof(Quad<E>) : 0;
+    cross_entropy_streamed_kernel<L, P, kStrided><<<p.grid, kThreads, quad_smem, p.stream>>>(p);
+  });
+}
+
+template <class E>
+void launch_gradient(const Params& p) {
+  launch_options_instance<E>(p, [&](auto logits, auto targets, auto strided) {
+    cross_entropy_gradient_kernel<decltype(logits), decltype(targets), decltype(strided)::value>
+        <<<p.grid, kThreads, 0, p.stream>>>(p);
+  });
 }
 
 // ================================================================== the launch
@@ -2180,8 +2420,9 @@ void launch_for_loads(const Params& p) {
 
 template <class E>
 void launch_for_family(const Params& p) {
-  if constexpr (kOptions) {  // the streamed family is the options build's alone
+  if constexpr (kOptions) {  // the streamed family and the gradient are the options build's alone
     if (p.family == kFamilyStreamed) return launch_streamed<E>(p);
+    if (p.family == kFamilyGradient) return launch_gradient<E>(p);
   }
   if (p.target_bytes == 8) launch_for_loads<E, long long>(p);
   else launch_for_loads<E, int>(p);
@@ -2206,12 +2447,13 @@ void launch_cross_entropy(const std::string& block) {
   Params p;
   if (block.size() != sizeof p) throw std::invalid_argument("cross-entropy launch: the parameter block has the wrong size");
   std::memcpy(&p, block.data(), sizeof p);
+  const bool options_family = kOptions && (p.family == kFamilyStreamed || p.family == kFamilyGradient);
   const bool known = (p.family == kFamilyRows || p.family == kFamilyTiles || p.family == kFamilyRowBatches ||
-                      p.family == kFamilyOneRow || (kOptions && p.family == kFamilyStreamed)) &&
+                      p.family == kFamilyOneRow || options_family) &&
                      (p.dtype == kFloat32 || p.dtype == kBFloat16 || p.dtype == kFloat16) &&
-                     (p.family != kFamilyStreamed || p.probs_dtype == kClassIndices || p.probs_dtype == kFloat32 ||
-                      p.probs_dtype == p.dtype) &&
-                     (p.family != kFamilyStreamed || p.class_stride == 1 || p.group == 1 || p.group == kQuad);
+                     (p.probs_dtype == kClassIndices || p.probs_dtype == kFloat32 || p.probs_dtype == p.dtype) &&
+                     (p.family != kFamilyStreamed || p.class_stride == 1 || p.group == 1 || p.group == kQuad) &&
+                     (p.family != kFamilyGradient || (p.group >= 1 && p.group <= 32 && (p.group & (p.group - 1)) == 0));
   if (!known) throw std::invalid_argument("cross-entropy launch: unknown kernel family or dtype");
   int previous = 0;
   cudaGetDevice(&previous);
@@ -2276,7 +2518,7 @@ _FAST_MEMORY_L2S = 3              # ... and row batches and fp32 evict-first row
 _IGNORE_INDEX = -100      # PyTorch's default: the default build skips it, the options build any other
 _REDUCTIONS = {"mean": 0, "sum": 1, "none": 2}
 
-_ROWS, _TILES, _ROW_BATCHES, _ONE_ROW, _STREAMED = range(5)  # the kernel families
+_ROWS, _TILES, _ROW_BATCHES, _ONE_ROW, _STREAMED, _GRADIENT = range(6)  # the kernel families
 _VECTOR_SWEEPS, _ELEMENT_SWEEPS, _PAIR_SWEEPS = range(3)  # how the tiles' kernel reduces a row (_sweeps)
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _FLOAT32 = torch.finfo(torch.float32)
@@ -2286,6 +2528,7 @@ _STREAM_BATCHES = 8       # ... and batches of them a lane per row, where rows a
 _QUAD = 4                 # strided class indices: neighbouring positions a thread, where they share a load, ...
 _QUAD_CLASSES = 8         # ... their classes copied to shared memory this many at a time ...
 _QUAD_STAGE_BYTES = 32 << 10  # ... in stages of at most this many bytes a CTA ("Streamed rows")
+_GRADIENT_VECS = 4        # the gradient's 16-byte vectors a lane at a time ("The gradient")
 
 _KERNEL_CONSTANTS = {
     "kThreads": _THREADS, "kCtasPerSm": _CTAS_PER_SM, "kCtasPerSmMoreRegisters": _CTAS_PER_SM_MORE_REGISTERS,
@@ -2293,7 +2536,8 @@ _KERNEL_CONSTANTS = {
     "kTileTargets": _TILE_TARGETS, "kTileMinRows": _TILE_MIN_ROWS, "kSegSlab": _SEG_SLAB, "kRowBatchLoads": _ROW_BATCH_LOADS,
     "kOneRowThreads": _ONE_ROW_THREADS, "kOneRowThreadsSm75": _ONE_ROW_THREADS_SM75, "kExactWords": _EXACT_WORDS,
     "kFamilyRows": _ROWS, "kFamilyTiles": _TILES, "kFamilyRowBatches": _ROW_BATCHES, "kFamilyOneRow": _ONE_ROW,
-    "kFamilyStreamed": _STREAMED, "kClassIndices": _CLASS_INDICES, "kStreamVecs": _STREAM_VECS, "kQuad": _QUAD,
+    "kFamilyStreamed": _STREAMED, "kFamilyGradient": _GRADIENT, "kGradientVecs": _GRADIENT_VECS,
+    "kClassIndices": _CLASS_INDICES, "kStreamVecs": _STREAM_VECS, "kQuad": _QUAD,
     "kQuadClasses": _QUAD_CLASSES, "kQuadStageBytes": _QUAD_STAGE_BYTES,
     "kVectorSweeps": _VECTOR_SWEEPS, "kElementSweeps": _ELEMENT_SWEEPS, "kPairSweeps": _PAIR_SWEEPS,
     "kFloat32": _DTYPE_CODES[torch.float32], "kBFloat16": _DTYPE_CODES[torch.bfloat16],
@@ -2332,6 +2576,7 @@ _CTA_SHARED_BYTES = {
     _ROW_BATCHES: 1024,
     _ONE_ROW: 1024,
     _STREAMED: 1024,
+    _GRADIENT: 1024,
 }
 
 
@@ -2453,6 +2698,16 @@ def _quad_stage_bytes(elem_bytes):
     stage = _QUAD_CLASSES * _THREADS * _QUAD * elem_bytes
     stages = _QUAD_STAGE_BYTES // stage
     return stages * stage if stages > 1 else 0
+
+
+def _gradient_plan(rows, cols, elem_bytes, gpu, class_stride):
+    """The gradient's launch ("The gradient"): contiguous classes take `group` lanes a row, the fewest
+    that give each lane _GRADIENT_VECS vectors of it, at most a warp's (the probabilities' sum
+    shuffles within one); strided classes a thread a position. Every CTA that fits, or as many as
+    the rows need."""
+    group = 1 if class_stride > 1 else min(32, _pow2_at_least(-(-cols // (16 // elem_bytes * _GRADIENT_VECS))))
+    grid = max(1, min(_max_grid(_GRADIENT, gpu), -(-rows // (_THREADS // group))))
+    return _Plan(_GRADIENT, False, grid, group, chunks=0)
 
 
 def _pow2_at_least(x):
@@ -2691,7 +2946,7 @@ _PARAMS = (
     ("tile_rows", "int", "i", "tiles: rows per tile"),
     ("target_bytes", "int", "i", "8 (int64) or 4 (int32)"),
     # The host's: which instance (the plan's family and its compile-time choice) and how to launch it.
-    ("family", "int", "i", "kFamilyRows, kFamilyTiles, kFamilyRowBatches or kFamilyOneRow"),
+    ("family", "int", "i", "the kernel family: one of the kFamily constants"),
     ("sweeps", "int", "i", "tiles: kVectorSweeps, kElementSweeps or kPairSweeps"),
     ("batch_rows", "int", "i", "row batches: rows per batch"),
     ("dtype", "int", "i", "kFloat32, kBFloat16 or kFloat16"),
@@ -2716,6 +2971,13 @@ _PARAMS = (
     ("probs_dtype", "int", "i", "kFloat32, the logits' dtype, or kClassIndices"),
     ("softcap", "float", "f", "streamed: each logit x read as softcap * tanh(x / softcap); 0: as it is"),
     ("softcap_rate", "float", "f", "... 2 log2(e) / softcap"),
+    # The gradient's (kFamilyGradient).
+    ("grad", "void*", "Q", "d loss / d logits, the logits' dtype, rows grad_row_stride elements apart"),
+    ("grad_row_stride", "long long", "q", "... (the logits' class_stride and the same positions)"),
+    ("grad_out", "const float*", "Q", "the loss's incoming gradient (the mean's over its divisor): one, or one a row"),
+    ("grad_lse", "const float*", "Q", "the log-sum-exp's incoming gradient, one a row; null: none"),
+    ("weight_total", "const float*", "Q", "the class weights' sum, where label smoothing weighs every class"),
+    ("grad_probs", "void*", "Q", "d loss / d probabilities, their dtype, laid out as grad; null: not asked"),
 )
 _Params = namedtuple("_Params", [name for name, *_ in _PARAMS])
 _PARAMS_STRUCT = struct.Struct("@" + "".join(code for _, _, code, _ in _PARAMS) + "0q")  # padded as C pads
@@ -2895,28 +3157,14 @@ def _first_bad_target(targets, cols, ignore_index):
 # time"). So the dispatch reads each tensor attribute once, plans once per problem (_plan_on), and
 # asks torch for the raw stream handle.
 def _cross_entropy(logits, targets, options, check_targets=False):
+    """The loss, and (options.return_lse) every row's log-sum-exp."""
     probs = _check_inputs(logits, targets)
     shape = logits.shape
-    # Rows: logits (C,) are one; (N, C, d1, ..., dk) are N * d1 * ... * dk, a row per sample position,
-    # whose classes lie class_stride = d1 * ... * dk elements apart where they are not contiguous.
-    class_stride = 1
-    if len(shape) == 1:
-        logits, targets = logits.unsqueeze(0), targets.unsqueeze(0)
-    elif len(shape) > 2:
-        logits, targets, class_stride = _positions(logits, targets, probs)
-    if class_stride == 1 and logits.stride(1) != 1 and logits.shape[1] > 1:
-        logits = logits.contiguous()  # the kernels stream along rows; columns must be adjacent
+    logits, targets, class_stride, rows, result_dtype = _as_rows(logits, targets, probs)
     cols = logits.shape[1]
-    rows = logits.shape[0] if class_stride == 1 else shape[0] * class_stride
     row_stride = logits.stride(0)  # from a sample's first logit to the next's
-    result_dtype = logits.dtype
-    if probs:
-        if options.ignore_index >= 0:
-            raise ValueError("ignore_index is not supported for class-probability targets")
-        if targets.dtype != logits.dtype:  # PyTorch's type promotion: float32 for any two different dtypes
-            targets, result_dtype = targets.float(), torch.float32
-        if class_stride == 1 and targets.stride(1) != 1 and cols > 1:
-            targets = targets.contiguous()
+    if probs and options.ignore_index >= 0:
+        raise ValueError("ignore_index is not supported for class-probability targets")
     weight = options.weight
     if weight is not None:
         weight = _check_weight(weight, logits)
@@ -2955,7 +3203,8 @@ def _cross_entropy(logits, targets, options, check_targets=False):
         label_smoothing=smoothing, smoothing_per_class=smoothing / cols,
         probs=targets.data_ptr() if probs else 0, probs_stride=targets.stride(0) if probs else 0,
         class_stride=class_stride, probs_dtype=_DTYPE_CODES[targets.dtype] if probs else _CLASS_INDICES,
-        softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0)
+        softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=0, grad_row_stride=0,
+        grad_out=0, grad_lse=0, weight_total=0, grad_probs=0)
     (_ext if options is _DEFAULTS and not streamed else _options_extension()).launch(_PARAMS_STRUCT.pack(*params))
     if len(shape) != 2 and (reduction == "none" or lse is not None):  # per row: back to the samples' shape
         positions = shape[:1] + shape[2:] if len(shape) > 1 else ()
@@ -2964,6 +3213,30 @@ def _cross_entropy(logits, targets, options, check_targets=False):
     if lse is None:
         return out
     return out, lse
+
+
+def _as_rows(logits, targets, probs):
+    """The logits and targets as the kernels read them: (logits, targets, class_stride, rows,
+    result_dtype). Logits (C,) are one row; (N, C, d1, ..., dk) are N * d1 * ... * dk, a row per
+    sample position, whose classes lie class_stride = d1 * ... * dk elements apart where they are
+    not contiguous (_positions); rows of (N, C) or (C,) have adjacent columns. Probability targets
+    follow, in the promoted dtype (PyTorch's: float32 for two different ones), the result's."""
+    shape = logits.shape
+    class_stride = 1
+    if len(shape) == 1:
+        logits, targets = logits.unsqueeze(0), targets.unsqueeze(0)
+    elif len(shape) > 2:
+        logits, targets, class_stride = _positions(logits, targets, probs)
+    if class_stride == 1 and logits.stride(1) != 1 and logits.shape[1] > 1:
+        logits = logits.contiguous()  # the kernels stream along rows; columns must be adjacent
+    rows = logits.shape[0] if class_stride == 1 else shape[0] * class_stride
+    result_dtype = logits.dtype
+    if probs:
+        if targets.dtype != logits.dtype:
+            targets, result_dtype = targets.float(), torch.float32
+        if class_stride == 1 and targets.stride(1) != 1 and logits.shape[1] > 1:
+            targets = targets.contiguous()
+    return logits, targets, class_stride, rows, result_dtype
 
 
 def _positions(logits, targets, probs):
@@ -3035,6 +3308,162 @@ def _check_targets_from_env():
     return os.environ.get("CROSS_ENTROPY_CHECK_TARGETS", "0") not in ("", "0")
 
 
+# =============================================================================================
+# The gradient: the forward saves every row's log-sum-exp, and the backward reads the logits once
+# more and writes d loss / d logits once (the gradient family). Eager calls go through an
+# autograd.Function; torch.compile sees two custom operators, one opaque node each, with the same
+# formula registered for autograd. (A custom operator's eager dispatch costs the host several times
+# an autograd.Function's: pytorch/pytorch#176592.)
+def _cross_entropy_backward(grad, grad_lse, logits, targets, options, lse, probs_grad=False):
+    """(d loss / d logits, d loss / d targets or None): grad, the loss's incoming gradient (its
+    shape); grad_lse, the log-sum-exp's (or None); lse, the forward's; probs_grad: also the
+    probability targets' gradient."""
+    probs = targets.dtype.is_floating_point
+    shape, target_dtype = logits.shape, targets.dtype
+    x, t, class_stride, rows, _ = _as_rows(logits, targets, probs)
+    cols = x.shape[1]
+    # The gradients in the kernel's layout: rows of C (contiguous), or the contiguous (N, C, d1, ..., dk).
+    layout = x.shape if class_stride > 1 else (rows, cols)
+    dx = torch.empty(layout, dtype=x.dtype, device=x.device)
+    dq = torch.empty(layout, dtype=t.dtype, device=x.device) if probs and probs_grad else None
+    weight, smoothing, softcap = options.weight, options.label_smoothing, options.softcap
+    weight = weight.contiguous() if weight is not None else None
+    weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing and not probs else None
+    grad_out = grad.reshape(-1).float().contiguous()
+    if options.reduction == "mean":  # over the mean's divisor, on the device: no host synchronization
+        grad_out = grad_out / (rows if probs else _counted(t, weight, options.ignore_index))
+    grad_lse = grad_lse.reshape(-1).float().contiguous() if grad_lse is not None else None
+    index = x.get_device()
+    plan = _gradient_plan(rows, cols, x.element_size(), _gpu(index), class_stride)
+    params = _NO_PARAMS._replace(
+        logits=x.data_ptr(), targets=0 if probs else t.data_ptr(), rows=rows, cols=cols, row_stride=x.stride(0),
+        target_stride=t.stride(0) if rows and not probs else 1, group=plan.group, target_bytes=t.element_size(),
+        family=_GRADIENT, dtype=_DTYPE_CODES[x.dtype], grid=plan.grid, device=index,
+        stream=_current_stream(index), ignore_index=options.ignore_index, reduction=_REDUCTIONS[options.reduction],
+        weight=0 if weight is None else weight.data_ptr(), lse=lse.data_ptr(), z_loss=options.z_loss,
+        label_smoothing=smoothing, smoothing_per_class=smoothing / cols, probs=t.data_ptr() if probs else 0,
+        probs_stride=t.stride(0) if probs else 0, class_stride=class_stride,
+        probs_dtype=_DTYPE_CODES[t.dtype] if probs else _CLASS_INDICES, softcap=softcap,
+        softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(), grad_row_stride=dx.stride(0),
+        grad_out=grad_out.data_ptr(), grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),
+        weight_total=0 if weight_total is None else weight_total.data_ptr(),
+        grad_probs=0 if dq is None else dq.data_ptr())
+    if rows:
+        _options_extension().launch(_PARAMS_STRUCT.pack(*params))
+
+    def as_input(g):  # back to the input's shape, in the layout the kernel wrote
+        if len(shape) == 1 or class_stride > 1:
+            return g.view(shape)
+        return g if len(shape) == 2 else g.view(shape[0], *shape[2:], cols).movedim(-1, 1)
+    return as_input(dx), None if dq is None else as_input(dq).to(target_dtype)
+
+
+def _counted(targets, weight, ignore_index):
+    """The mean's divisor for class indices (the rows counted, or their classes' weights), a 0-dim
+    tensor on the device. Its float32 sum of weights may differ from the forward's exact one in the
+    last bit; the gradient is that close to the loss's."""
+    counted = targets != ignore_index
+    if weight is None:
+        return counted.sum()
+    return torch.where(counted, weight[targets.clamp(0, weight.shape[0] - 1)], 0).sum(dtype=torch.float32)
+
+
+_NO_PARAMS = _Params._make(0 for _ in _PARAMS)  # a launch's fields that it leaves unread
+
+
+def _forward_saved(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
+                   reduction: str, label_smoothing: float, z_loss: float, softcap: float,
+                   check_targets: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(loss, lse): the loss and what its gradient reads."""
+    cols = input.shape[1] if input.dim() > 1 else input.shape[0]
+    if cols > _MAX_SEG:
+        raise ValueError(f"the gradient takes at most {_MAX_SEG} classes; got {cols}")
+    options = _Options(weight, ignore_index, reduction, z_loss, True, label_smoothing, softcap)
+    return _cross_entropy(input, target, options, check_targets)
+
+
+def _backward(grad: torch.Tensor, grad_lse: Optional[torch.Tensor], input: torch.Tensor, target: torch.Tensor,
+              weight: Optional[torch.Tensor], lse: torch.Tensor, ignore_index: int, reduction: str,
+              label_smoothing: float, z_loss: float, softcap: float,
+              target_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(d loss / d input, d loss / d target): the latter empty unless target_grad."""
+    options = _Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap)
+    dx, dq = _cross_entropy_backward(grad, grad_lse, input, target, options, lse, target_grad)
+    return dx, dq if dq is not None else input.new_empty(0)
+
+
+def _save_for_gradient(ctx, inputs, output):
+    input, target, weight, *options, _ = inputs
+    ctx.save_for_backward(input, target, weight, output[1])
+    ctx.options = options  # ignore_index, reduction, label_smoothing, z_loss, softcap
+    ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no work for it
+
+
+def _gradient(ctx, grad, grad_lse, backward):
+    """The gradients of the forward's inputs, by `backward` (_backward, or its operator)."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("cross_entropy's gradient has no gradient of its own: double backward (create_graph=True "
+                           "through the loss) is not supported")
+    input, target, weight, lse = ctx.saved_tensors
+    if grad is None:  # only the log-sum-exp reached the result
+        grad = torch.zeros((), dtype=torch.float32, device=input.device)
+        if ctx.options[1] == "none":
+            grad = grad.expand(lse.shape)
+    dx, dq = backward(grad, grad_lse, input, target, weight, lse, *ctx.options, ctx.needs_input_grad[1])
+    return dx if ctx.needs_input_grad[0] else None, dq if ctx.needs_input_grad[1] else None, *[None] * 7
+
+
+class _Loss(torch.autograd.Function):
+    """The loss with its gradient, for eager calls. forward takes ctx itself: with a separate
+    setup_context, apply binds every call's arguments to forward's signature ("The gradient")."""
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward_saved(*inputs)
+        _save_for_gradient(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad, grad_lse):
+        return _gradient(ctx, grad, grad_lse, _backward)
+
+
+_forward_op = torch.library.custom_op("kb95::cross_entropy", _forward_saved, mutates_args=())
+_backward_op = torch.library.custom_op("kb95::cross_entropy_backward", _backward, mutates_args=())
+
+
+@_forward_op.register_fake
+def _forward_shapes(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, check_targets):
+    probs = _check_inputs(input, target)
+    positions = input.shape[:1] + input.shape[2:] if input.dim() > 1 else ()
+    dtype = torch.float32 if probs and target.dtype != input.dtype else input.dtype
+    return (input.new_empty(positions if reduction == "none" else (), dtype=dtype),
+            input.new_empty(positions, dtype=torch.float32))
+
+
+@_backward_op.register_fake
+def _backward_shapes(grad, grad_lse, input, target, weight, lse, ignore_index, reduction, label_smoothing, z_loss,
+                     softcap, target_grad):
+    return torch.empty_like(input), torch.empty_like(target) if target_grad else input.new_empty(0)
+
+
+_forward_op.register_autograd(lambda ctx, grad, grad_lse: _gradient(ctx, grad, grad_lse, _backward_op),
+                              setup_context=_save_for_gradient)
+
+
+def _loss(input, target, options, check_targets):
+    """The loss (and lse, where asked) for the public functions: with its gradient where one is
+    wanted (through the custom operator where torch.compile traces), else the launch alone, with no
+    log-sum-exp saved."""
+    compiling = torch.compiler.is_compiling()
+    wants_grad = getattr(input, "requires_grad", False) or getattr(target, "requires_grad", False)  # (tensors?)
+    if not compiling and not (wants_grad and torch.is_grad_enabled()):
+        return _cross_entropy(input, target, options, check_targets)
+    loss, lse = (_forward_op if compiling else _Loss.apply)(
+        input, target, options.weight, options.ignore_index, options.reduction, options.label_smoothing, options.z_loss,
+        options.softcap, check_targets)
+    return (loss, lse) if options.return_lse else loss
+
+
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, z_loss=0.0,
                   softcap=None, return_lse=False):
     """PyTorch's cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing), in
@@ -3052,11 +3481,12 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     the capped logits; return_lse=True returns (loss, lse), lse every row's log-sum-exp in float32,
     ignored rows' too, in the shape of the loss per row."""
     options = _options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
-    return _cross_entropy(input, target, options, _check_targets_from_env())
+    return _loss(input, target, options, _check_targets_from_env())
 
 
 class ModelNew(torch.nn.Module):
-    """Cross-entropy over rows, computed by one fused CUDA kernel (forward only). With no arguments,
+    """Cross-entropy over rows, computed by one fused CUDA kernel, and its gradient by another where
+    the logits require grad. With no arguments,
     KernelBench's problem: the mean, ignore_index -100. weight, ignore_index, reduction and
     label_smoothing as PyTorch's cross-entropy loss module takes them (weight is a buffer, moved with
     the module); z_loss and softcap as cross_entropy takes them; inputs and targets as cross_entropy
@@ -3080,4 +3510,4 @@ class ModelNew(torch.nn.Module):
 
     def forward(self, predictions, targets):
         options = self._options if self.weight is None else self._options._replace(weight=self.weight)
-        return _cross_entropy(predictions, targets, options, self.check_targets)
+        return _loss(predictions, targets, options, self.check_targets)

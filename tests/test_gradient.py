@@ -1,0 +1,350 @@
+"""Training: the gradient of every option through autograd, against float64's own autograd of the
+reference; no gradient work without one; double backward refused; torch.compile with fullgraph,
+CUDA graphs, determinism and a training run beside eager PyTorch's. On the CPU, the gradient's
+launch policy and its fields in the parameter block."""
+import pytest
+import torch
+
+import model_new
+from cases import DTYPES, logits, views
+from cases import expected_loss as expected
+from conftest import requires_cuda
+from plans import GPU_PLANS, H100
+from test_streamed import probabilities
+
+# float32 gradients: within 1e-6 of float64's, relative to its largest element. 16-bit ones are
+# float32's rounded once: half a unit in their last place more.
+GRAD_RTOL = {torch.float32: 0.0, torch.bfloat16: 2**-8, torch.float16: 2**-11}
+
+# Each option alone and together, on rows whose width is off every vector grid.
+OPTIONS = {
+    "defaults": {},
+    "sum": {"reduction": "sum"},
+    "none": {"reduction": "none"},
+    "ignore_index": {"ignore_index": 3},
+    "weight": {"weight": True},
+    "label smoothing": {"label_smoothing": 0.1},
+    "weight, label smoothing": {"weight": True, "label_smoothing": 0.2},
+    "z_loss": {"z_loss": 1e-2},
+    "softcap": {"softcap": 5.0},
+    "everything, none": {"weight": True, "label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 8.0, "ignore_index": 3,
+                         "reduction": "none"},
+    "everything, sum": {"weight": True, "label_smoothing": 0.3, "z_loss": 1e-3, "softcap": 8.0, "reduction": "sum"},
+}
+PROBS_OPTIONS = {k: v for k, v in OPTIONS.items() if "ignore_index" not in v}
+# Rows of vectors and edges, a warp a row and fewer lanes, one class, one row, none.
+SHAPES = [(64, 1000), (33, 4099), (300, 7), (5, 1), (1, 4096), (0, 9)]
+# (N, C, d1, ..., dk): strided classes, odd positions, one class.
+POSITION_SHAPES = [(2, 5, 3, 4), (3, 21, 17), (4, 1, 5)]
+
+
+def class_targets(shape, cols, ignore_index=-100, ignored=0.2):
+    """Class indices for logits of `shape` ((N, C, d1, ...)): a share of them the ignore index."""
+    positions = shape[:1] + shape[2:]
+    t = torch.randint(0, cols, positions, device="cuda")
+    return t.masked_fill(torch.rand(positions, device="cuda") < ignored, ignore_index)
+
+
+def reference_options(options, cols, dtype):
+    """The options as cross_entropy takes them, with random class weights where asked."""
+    options = dict(options)
+    if options.get("weight"):
+        options["weight"] = (torch.rand(cols, device="cuda") + 0.5).to(dtype)
+    return options
+
+
+def incoming(loss, scale):
+    """The loss's incoming gradient: `scale` for a scalar loss, random per row for reduction none."""
+    if loss.dim() == 0 and loss.numel() == 1 and scale is not None:
+        return torch.full_like(loss, scale)
+    return torch.randn_like(loss)
+
+
+def float64_gradients(x, t, grad, options, lse_grad=None):
+    """d loss / d x (and d loss / d t for probabilities) of the float64 reference, by autograd."""
+    x64 = x.detach().double().requires_grad_()
+    t64 = t.detach().double().requires_grad_() if t.is_floating_point() else t
+    weight = options.get("weight")
+    loss = expected(x64, t64, options.get("ignore_index", -100), options.get("reduction", "mean"),
+                    None if weight is None else weight.double(), options.get("z_loss", 0.0),
+                    options.get("label_smoothing", 0.0), options.get("softcap"))
+    total = (loss * grad.double()).sum()
+    if lse_grad is not None:
+        cap = options.get("softcap")
+        y = cap * torch.tanh(x64 / cap) if cap else x64
+        lse = torch.logsumexp(y, 1 if x.dim() > 1 else 0)
+        total = total + (lse * lse_grad.double()).sum()
+    inputs = [x64, t64] if t.is_floating_point() else [x64]
+    return torch.autograd.grad(total, inputs) if total.requires_grad else [torch.zeros_like(i) for i in inputs]
+
+
+def assert_gradient(got, want, dtype, case=None):
+    assert got.shape == want.shape and got.dtype == dtype, (got.shape, want.shape, got.dtype, dtype)
+    got = got.double()
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), (got, want)
+    keep = ~torch.isnan(want)
+    if not keep.any():
+        return
+    err = (got - want)[keep].abs()
+    bound = 1e-6 * want[keep].abs().max() + GRAD_RTOL[dtype] * want[keep].abs() + 2 ** -25
+    worst = (err / bound).argmax()
+    assert (err <= bound).all(), (case, err[worst].item(), want[keep][worst].item(), want[keep].abs().max().item())
+
+
+def check_gradient(x, t, options, scale=1.0, lse_grad=False):
+    """cross_entropy's gradients through autograd against float64's, for logits x and targets t."""
+    x = x.detach().requires_grad_()
+    probs = t.is_floating_point()
+    t = t.detach().requires_grad_() if probs else t
+    out = model_new.cross_entropy(x, t, **options, return_lse=lse_grad)
+    loss, lse = out if lse_grad else (out, None)
+    grad = incoming(loss, scale)
+    lse_incoming = torch.randn_like(lse) if lse_grad else None
+    if lse_grad:
+        torch.autograd.backward([loss, lse], [grad, lse_incoming])
+    else:
+        loss.backward(grad)
+    want = float64_gradients(x, t, grad, options, lse_incoming)
+    case = (tuple(x.shape), x.stride(), {k: v for k, v in options.items() if k != "weight"}, "weight" in options)
+    assert_gradient(x.grad, want[0], x.dtype, case)
+    if probs:
+        assert_gradient(t.grad, want[1], t.dtype, case)
+
+
+# ------------------------------------------------------------------ on the CPU
+def test_the_gradients_fields_come_last():
+    names = [name for name, *_ in model_new._PARAMS]
+    assert names[-6:] == ["grad", "grad_row_stride", "grad_out", "grad_lse", "weight_total", "grad_probs"]
+
+
+@pytest.mark.parametrize("gpu", ["H100", "T4", "B200"])
+def test_the_gradient_policy(gpu):
+    """A warp a row at most, fewer lanes where each would get less than a round of vectors; a thread a
+    position for strided classes; every CTA that fits, or as many as the rows need."""
+    on = GPU_PLANS[gpu]
+    ctas = model_new._max_grid(model_new._GRADIENT, on)
+    for rows, cols, elem_bytes, class_stride, group in [(32768, 4096, 4, 1, 32), (8192, 128256, 2, 1, 32),
+                                                       (300, 7, 4, 1, 1), (1000, 64, 4, 1, 4), (1000, 64, 2, 1, 2),
+                                                       (5, 1, 2, 1, 1), (2 * 512 * 512, 21, 2, 512 * 512, 1)]:
+        plan = model_new._gradient_plan(rows, cols, elem_bytes, on, class_stride)
+        assert plan.family == model_new._GRADIENT and plan.group == group, (rows, cols, plan)
+        assert plan.grid == min(ctas, -(-rows // (model_new._THREADS // group))), plan
+    assert model_new._gradient_plan(0, 5, 4, H100, 1).grid == 1
+
+
+def test_what_is_not_a_tensor_meets_the_apis_error():
+    """The dispatch asks whether a gradient is wanted before the checks run: a list for targets must
+    still get the checks' TypeError."""
+    with pytest.raises(TypeError, match="two tensors"):
+        model_new.cross_entropy(torch.randn(2, 3, requires_grad=True), [1, 2])
+    with pytest.raises(TypeError, match="two tensors"):
+        model_new.ModelNew()([[0.5, 0.5]], torch.tensor([0]))
+
+
+def test_the_operators_are_registered_with_their_autograd():
+    assert hasattr(torch.ops.kb95, "cross_entropy") and hasattr(torch.ops.kb95, "cross_entropy_backward")
+    schema = str(torch.ops.kb95.cross_entropy.default._schema)
+    assert "Tensor? weight" in schema and schema.endswith("-> (Tensor, Tensor)"), schema
+
+
+# ------------------------------------------------------------------ on the GPU
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("name", OPTIONS)
+def test_class_index_gradients(dtype, name):
+    for rows, cols in SHAPES:
+        options = reference_options(OPTIONS[name], cols, dtype)
+        t = class_targets((rows, cols), cols, options.get("ignore_index", -100))
+        check_gradient(logits(rows, cols, dtype), t, options, scale=0.7)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("name", PROBS_OPTIONS)
+def test_probability_target_gradients(dtype, name):
+    for rows, cols in SHAPES:
+        options = reference_options(PROBS_OPTIONS[name], cols, dtype)
+        check_gradient(logits(rows, cols, dtype), probabilities((rows, cols), dtype), options)
+    x = logits(40, 300, dtype)  # probabilities of another dtype: float32's, as PyTorch promotes them
+    check_gradient(x, probabilities((40, 300), torch.float32 if dtype != torch.float32 else torch.bfloat16), {})
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_positions_unbatched_and_views(dtype):
+    for shape in POSITION_SHAPES:
+        for name in ("defaults", "everything, none", "everything, sum"):
+            options = reference_options(OPTIONS[name], shape[1], dtype)
+            x = (torch.randn(shape, device="cuda") * 4).to(dtype)
+            t = class_targets(shape, shape[1], options.get("ignore_index", -100))
+            check_gradient(x, t, options)
+            check_gradient(x.movedim(1, -1).contiguous().movedim(-1, 1), t, options)  # channels last
+            if "ignore_index" not in options:
+                check_gradient(x, probabilities(shape, dtype), options)
+    for name in ("defaults", "everything, none"):
+        options = reference_options(OPTIONS[name], 37, dtype)
+        ignore_index = options.get("ignore_index", -100)
+        check_gradient(logits(1, 37, dtype)[0], class_targets((1, 37), 37, ignore_index, 0.0)[0], options)
+        for _, view in views(50, 37, dtype):
+            check_gradient(view, class_targets((50, 37), 37, ignore_index), options)
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["defaults", "softcap", "everything, none"])
+def test_the_log_sum_exps_gradient(name):
+    """Where the returned log-sum-exp reaches the result (a z-loss of one's own, say) its gradient adds."""
+    options = reference_options(OPTIONS[name], 1000, torch.float32)
+    t = class_targets((64, 1000), 1000, options.get("ignore_index", -100))
+    check_gradient(logits(64, 1000, torch.float32), t, options, lse_grad=True)
+    check_gradient(logits(64, 1000, torch.float32), probabilities((64, 1000), torch.float32),
+                   {k: v for k, v in options.items() if k != "ignore_index"}, lse_grad=True)
+
+
+@requires_cuda
+def test_special_values():
+    x = logits(8, 100, torch.float32)
+    t = torch.arange(8, device="cuda")
+    x[1, :] = float("-inf")   # all -inf: NaN
+    x[2, 2] = float("-inf")   # -inf at the target: its gradient is finite
+    x[3, 10:20] = float("-inf")
+    x[4, 7] = float("nan")
+    check_gradient(x, t, {"reduction": "sum"})
+    x = logits(4, 100, torch.float32)
+    x[1, :] = float("nan")    # an ignored row's gradient is exactly 0, whatever it holds
+    x.requires_grad_()
+    model_new.cross_entropy(x, torch.tensor([1, -100, 3, 4], device="cuda")).backward()
+    assert torch.equal(x.grad[1], torch.zeros_like(x.grad[1])) and torch.isfinite(x.grad).all()
+
+
+@requires_cuda
+def test_every_row_ignored_gives_a_zero_gradient():
+    x = logits(6, 50, torch.float32).requires_grad_()
+    loss = model_new.cross_entropy(x, torch.full((6,), -100, device="cuda"))
+    loss.backward()
+    assert torch.isnan(loss) and torch.equal(x.grad, torch.zeros_like(x))
+
+
+@requires_cuda
+def test_modelnew_trains_and_no_grad_does_no_gradient_work():
+    x, t = logits(64, 1000, torch.float32), class_targets((64, 1000), 1000)
+    model = model_new.ModelNew(label_smoothing=0.1)
+    assert model(x, t).grad_fn is None
+    x.requires_grad_()
+    with torch.no_grad():
+        assert model(x, t).grad_fn is None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with torch.no_grad():
+            model(x, t)
+        torch.cuda.synchronize()
+    assert not any("gradient" in e.name for e in prof.events())
+    loss = model(x, t)
+    assert loss.grad_fn is not None
+    loss.backward()
+    want = float64_gradients(x, t, torch.ones((), device="cuda"), {"label_smoothing": 0.1})[0]
+    assert_gradient(x.grad, want, torch.float32)
+
+
+@requires_cuda
+def test_double_backward_raises():
+    x = logits(16, 100, torch.float32).requires_grad_()
+    loss = model_new.cross_entropy(x, class_targets((16, 100), 100))
+    (g,) = torch.autograd.grad(loss, x, create_graph=False)
+    assert g.grad_fn is None
+    loss = model_new.cross_entropy(x, class_targets((16, 100), 100))
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(loss, x, create_graph=True)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_gradients_are_bitwise_the_same_run_to_run(dtype):
+    x, t = logits(4096, 4099, dtype), class_targets((4096, 4099), 4099)
+    w = torch.rand(4099, device="cuda").to(dtype)
+    grads = []
+    for _ in range(3):
+        xr = x.clone().requires_grad_()
+        model_new.cross_entropy(xr, t, weight=w, label_smoothing=0.1).backward()
+        grads.append(xr.grad)
+    assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], grads[2])
+
+
+@requires_cuda
+def test_the_operators_pass_torch_librarys_checks():
+    """The schema, the fake (shapes, dtypes), the autograd registration, and traced against eager."""
+    x, w = logits(16, 100, torch.float32).requires_grad_(), torch.rand(100, device="cuda")
+    q = probabilities((16, 100), torch.float32).requires_grad_()
+    for args in [(x, class_targets((16, 100), 100), None, -100, "mean", 0.0, 0.0, 0.0, False),
+                 (x, class_targets((16, 100), 100, 3), w, 3, "none", 0.1, 1e-3, 5.0, False),
+                 (x, q, w, -100, "sum", 0.1, 0.0, 0.0, False)]:
+        torch.library.opcheck(model_new._forward_op, args)
+
+
+@requires_cuda
+def test_a_compiled_model_keeps_it_in_one_graph():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 1000, device="cuda")
+    x, t = torch.randn(128, 64, device="cuda"), class_targets((128, 1000), 1000)
+
+    def step(x, t):
+        return model_new.cross_entropy(linear(x), t, label_smoothing=0.1, z_loss=1e-3)
+    compiled = torch.compile(step, fullgraph=True)
+    loss = compiled(x, t)
+    loss.backward()
+    got = [p.grad.clone() for p in linear.parameters()]
+    linear.zero_grad()
+    want_loss = step(x, t)
+    want_loss.backward()
+    torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=0)
+    for g, p in zip(got, linear.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7)
+
+
+@requires_cuda
+def test_a_training_step_replays_in_a_cuda_graph():
+    x, t = logits(256, 1000, torch.float32).requires_grad_(), class_targets((256, 1000), 1000)
+    model = model_new.ModelNew(weight=torch.rand(1000, device="cuda"), label_smoothing=0.1)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the default stream, as capture needs
+        for _ in range(2):
+            x.grad = None
+            model(x, t).backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    x.grad = None
+    with torch.cuda.graph(graph):
+        loss = model(x, t)
+        loss.backward()
+    for _ in range(2):
+        x.data.copy_(logits(256, 1000, torch.float32))
+        t.copy_(class_targets((256, 1000), 1000))
+        graph.replay()
+        torch.cuda.synchronize()
+        xr = x.detach().clone().requires_grad_()
+        want = model(xr, t)
+        want.backward()
+        assert torch.equal(loss, want) and torch.equal(x.grad, xr.grad)
+
+
+@requires_cuda
+def test_a_training_run_follows_eagers_loss_curve():
+    """50 AdamW steps of an embedding and a linear layer under this loss and under PyTorch's, in
+    float32, from the same weights: the losses agree within 1e-4, relative, at every step."""
+    vocab, dim, rows = 1000, 64, 512
+    curves = []
+    for loss_fn in (model_new.cross_entropy, torch.nn.functional.cross_entropy):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Embedding(vocab, dim), torch.nn.Linear(dim, vocab)).cuda()
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        data = torch.randint(0, vocab, (rows + 1,), device="cuda")
+        curve = []
+        for _ in range(50):
+            opt.zero_grad()
+            loss = loss_fn(net(data[:-1]), data[1:], label_smoothing=0.05)
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+        curves.append(torch.tensor(curve, dtype=torch.float64))
+    ours, eager = curves
+    assert ((ours - eager).abs() <= 1e-4 * eager.abs()).all(), (ours - eager).abs().max()
+    assert ours[-1] < 0.5 * ours[0]  # it learned
