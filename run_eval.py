@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Check ModelNew against the reference and time both the way KernelBench does.
 
-    python run_eval.py [--precision fp32|bf16|fp16] [--trials 100] [--json PATH]
+    python run_eval.py [--precision fp32|bf16|fp16] [--trials 100] [--json PATH] [--backward]
                        [--reduction mean|sum|none] [--ignore-fraction F] [--weight] [--label-smoothing EPS]
+                       [--soft-targets]
 
 Loading: reference.py, then model_new.py, are exec'd into one namespace (as KernelBench's
 eval.py does), so the submission sees the reference's names and no __file__.
@@ -13,6 +14,10 @@ dtype (KernelBench issue #151 casts them too, which breaks the reference itself)
 Timing: KernelBench's cuda_event method for ModelNew, eager and torch.compile (inductor,
 default mode), plus a plain streaming read of the same bytes measured in the same run as the
 bandwidth floor.
+--backward checks and times the training step instead: the loss and its gradient with respect to
+the logits (loss.backward(), an incoming gradient of ones), the gradient checked as the loss is,
+with a copy of the logits (y.copy_(x): one read and one write, what a step must move at least) as
+the floor.
 Options (with_options): --reduction, --ignore-fraction (that share of the targets, drawn per
 trial, set to the ignore index -100), --weight (random class weights in [0.5, 1.5), drawn once,
 passed to both models as an init input) and --label-smoothing give the reference, eager and
@@ -139,7 +144,8 @@ def compare(ref, new, tol):
     return True, f"max |diff| {diff:.3e}"
 
 
-def check_correctness(context, device, precision, trials=5, seed=42, log=print):
+def check_correctness(context, device, precision, trials=5, seed=42, log=print, backward=False):
+    """KernelBench's correctness trials; `backward`: the gradient with respect to the logits too."""
     dtype = PRECISIONS[precision]
     init = process_inputs(context["get_init_inputs"](), device, dtype)
     set_seed(seed)
@@ -147,19 +153,43 @@ def check_correctness(context, device, precision, trials=5, seed=42, log=print):
     set_seed(seed)
     model_new = context["ModelNew"](*init).to(device=device, dtype=dtype)
     passed, notes = 0, []
-    with torch.no_grad():
+    with torch.set_grad_enabled(backward):
         for i, s in enumerate(trial_seeds(trials, seed)):
             set_seed(s)
             inputs = process_inputs(context["get_inputs"](), device, dtype)
-            ref = model(*inputs)
+            ref, ref_grad = run_model(model, inputs, backward)
             torch.cuda.synchronize(device)
-            new = model_new(*inputs)
+            new, new_grad = run_model(model_new, inputs, backward)
             torch.cuda.synchronize(device)
             ok, note = compare(ref, new, TOLERANCE[precision])
+            if ok and backward:
+                ok, note = compare(ref_grad, new_grad, TOLERANCE[precision])
+                note = "gradient: " + note
             passed += ok
             notes.append(note)
             log(f"  trial {i + 1}/{trials}: {'ok' if ok else 'FAIL'} ({note})")
     return passed, notes
+
+
+def run_model(model, inputs, backward):
+    """(the loss, and where `backward` the logits' gradient from an incoming gradient of ones)."""
+    if not backward:
+        return model(*inputs), None
+    logits = inputs[0].detach().requires_grad_()
+    loss = model(logits, *inputs[1:])
+    if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+        return loss, None
+    loss.backward(torch.ones_like(loss))
+    return loss.detach(), logits.grad
+
+
+def training_step(model):
+    """A callable that runs `model`'s forward and backward on logits that require grad."""
+    def step(logits, *rest):
+        logits.grad = None
+        model(logits, *rest).backward()
+        return logits.grad
+    return step
 
 
 # ------------------------------------------------------------------------------- timing
@@ -259,6 +289,19 @@ def stream_read_fn(device):
     return read
 
 
+def copy_fn():
+    """A callable that copies a tensor into another of its shape: one read and one write, a training
+    step's floor."""
+    out = {}
+
+    def copy(x, *_):
+        y = out.get("y")
+        if y is None or y.shape != x.shape or y.dtype != x.dtype:
+            y = out["y"] = torch.empty_like(x, requires_grad=False)
+        return y.copy_(x.detach())
+    return copy
+
+
 def read_each(read):
     """The read of every tensor given, one after another: the floor where the targets are read too."""
     return lambda *tensors: [read(t) for t in tensors]
@@ -282,8 +325,8 @@ def summarize(results, logit_bytes):
     return summary
 
 
-def format_table(results, logit_bytes):
-    rows = [("ModelNew", "model_new"), ("eager", "eager"), ("torch.compile", "compile"), ("stream read (floor)", "floor")]
+def format_table(results, logit_bytes, floor="stream read (floor)"):
+    rows = [("ModelNew", "model_new"), ("eager", "eager"), ("torch.compile", "compile"), (floor, "floor")]
     # Three significant digits take up to 8 characters (0.000636, 6.36e-05): columns of 10 keep them apart.
     lines = [f"{'':22s}" + "".join(f"{h:>10s}" for h in ("mean ms", "std", "min", "max")) + f"{'TB/s':>7s}"]
     for label, key in rows:
@@ -311,6 +354,8 @@ def main(argv=None):
     ap.add_argument("--label-smoothing", type=float, default=0.0, metavar="EPS")
     ap.add_argument("--soft-targets", action="store_true",
                     help="class-probability targets of the logits' shape and precision; the floor reads them too")
+    ap.add_argument("--backward", action="store_true",
+                    help="the training step (loss and the logits' gradient) against a copy of the logits")
     args = ap.parse_args(argv)
 
     with open(args.reference) as f:
@@ -345,11 +390,13 @@ def main(argv=None):
         "weight": args.weight,
         "label_smoothing": args.label_smoothing,
         "soft_targets": args.soft_targets,
+        "backward": args.backward,
     }
 
     print(f"correctness ({args.correct_trials} trials, tolerance {TOLERANCE[args.precision]:g}):", flush=True)
     try:
-        passed, notes = check_correctness(context, device, args.precision, args.correct_trials)
+        passed, notes = check_correctness(context, device, args.precision, args.correct_trials,
+                                          backward=args.backward)
     except Exception as exc:
         print(f"ModelNew raised during the correctness check: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -367,8 +414,14 @@ def main(argv=None):
     impls = {"model_new": model_new, "eager": model}
     if not args.no_compile:
         impls["compile"] = torch.compile(model, backend="inductor", mode="default")
-    read = stream_read_fn(device)
-    impls["floor"] = read_each(read) if args.soft_targets else read
+    if args.backward:  # the step, and what it must move: the logits read once, the gradient written once
+        impls = {key: training_step(fn) for key, fn in impls.items()}
+        impls["floor"] = copy_fn()
+        logits.requires_grad_()
+        logit_bytes = 2 * logits.numel() * logits.element_size()
+    else:
+        read = stream_read_fn(device)
+        impls["floor"] = read_each(read) if args.soft_targets else read
 
     results = {}
     for key, fn in impls.items():
@@ -382,14 +435,15 @@ def main(argv=None):
           f"{args.precision} | {logits.shape[0]} x {logits.shape[1]} | reduction {args.reduction}, "
           f"{args.ignore_fraction:g} of the targets ignored" + (", class weights" if args.weight else "")
           + (f", label smoothing {args.label_smoothing:g}" if args.label_smoothing else "")
-          + (", probability targets" if args.soft_targets else ""))
+          + (", probability targets" if args.soft_targets else "") + (", forward and backward" if args.backward else ""))
     print(f"correct: {passed}/{args.correct_trials} trials")
-    print(format_table(results, logit_bytes))
+    print(format_table(results, logit_bytes, "copy (floor)" if args.backward else "stream read (floor)"))
     print(f"Speedup over eager: {report['speedup_eager']:.2f}x")
     if report["speedup_compile"] is not None:
         print(f"Speedup over torch.compile: {report['speedup_compile']:.2f}x")
+    floor = "copy" if args.backward else "streaming-read"
     print(f"ModelNew: {report['model_new_tbps']:.2f} TB/s effective, "
-          f"{100 * report['fraction_of_floor']:.1f}% of the streaming-read floor ({report['floor_tbps']:.2f} TB/s)")
+          f"{100 * report['fraction_of_floor']:.1f}% of the {floor} floor ({report['floor_tbps']:.2f} TB/s)")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

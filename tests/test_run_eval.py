@@ -181,3 +181,29 @@ def test_read_each_reads_every_tensor_in_order():
     seen = []
     floor = run_eval.read_each(lambda x: seen.append(x) or len(seen))
     assert floor("logits", "targets") == [1, 2] and seen == ["logits", "targets"]
+
+
+def test_backward_checks_the_gradient_and_times_the_step():
+    """--backward: run_model gives the loss and the logits' gradient (ones coming in, any reduction);
+    a model whose loss has no gradient gives none, which compare() fails; the timed step runs forward
+    and backward and leaves the gradient; the floor copies the logits."""
+    x, t = torch.randn(8, 5), torch.randint(0, 5, (8,))
+    ref = lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction="none")  # noqa: E731
+    loss, grad = run_eval.run_model(ref, [x, t], backward=True)
+    xr = x.clone().requires_grad_()
+    torch.nn.functional.cross_entropy(xr, t, reduction="none").sum().backward()
+    assert loss.shape == (8,) and loss.grad_fn is None and torch.equal(grad, xr.grad) and x.grad is None
+    assert run_eval.run_model(ref, [x, t], backward=False)[1] is None
+    no_grad = lambda x, t: ref(x, t).detach()  # noqa: E731
+    loss, grad = run_eval.run_model(no_grad, [x, t], backward=True)
+    assert grad is None and not run_eval.compare(xr.grad, grad, 1e-4)[0]
+    step = run_eval.training_step(lambda x, t: torch.nn.functional.cross_entropy(x, t))
+    xg = x.clone().requires_grad_()
+    assert step(xg, t) is xg.grad and xg.grad is not None
+    first = xg.grad.clone()
+    step(xg, t)  # the gradient is replaced, not accumulated
+    assert torch.equal(xg.grad, first)
+    copy = run_eval.copy_fn()
+    y = copy(xg, t)
+    assert torch.equal(y, x) and not y.requires_grad and y.data_ptr() != xg.data_ptr()
+    assert copy(xg, t) is y  # one buffer, reused
