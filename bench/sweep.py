@@ -4,6 +4,7 @@
     python bench/sweep.py [--shapes 32768x4096,16x256000] [--dtypes float32,bfloat16] [--out bench/results/h100_sweep]
     python bench/sweep.py --options [--shapes ...] [--sets "softcap;sum"] [--out bench/results/h100_options]
     python bench/sweep.py --kdim [--out bench/results/h100_kdim]
+    python bench/sweep.py --train [--no-compile] [--out bench/results/h100_train]
 
 Every figure is KernelBench's cuda_event method (3 warm-ups, 256 MB L2 flush before each trial,
 1 discarded + N timed trials, mean). Writes a table to stdout, OUT.json (a list of rows: N, C,
@@ -15,6 +16,11 @@ Probability targets ("soft") are read beside the logits: their floor reads both.
 --kdim: logits (N, C, d1, ..., dk) of KDIM_SHAPES, classes strided in memory, with class-index
 targets: ModelNew, eager and torch.compile beside the read of the logits and the targets; rows
 shape, dtype, impl, mean_ms, floor_ms, logits_floor_ms, correct.
+--train: the training step (the loss, then loss.backward() into the logits' gradient) of
+TRAIN_SHAPES for ModelNew, eager and torch.compile beside a copy of the logits (y.copy_(x): the
+read and the write a step must make); rows N, C, dtype, impl, mean_ms, median_ms, copy_ms,
+peak_extra_bytes (the step's peak allocation over its inputs) and correct (loss and gradient
+against eager PyTorch's in float32); OUT.png plots time over the copy and the extra memory.
 """
 import argparse
 import functools
@@ -51,6 +57,12 @@ OPTIONS = {"defaults": {}, "sum": {"reduction": "sum"}, "none": {"reduction": "n
 PYTORCH_OPTIONS = {"reduction", "weight", "ignore", "label_smoothing", "soft"}
 KDIM_SHAPES = [(8, 21, 512, 512), (32, 19, 256, 512)]
 OPTIONS_MIN_BYTES = 64 << 20
+# The training sweep: the forward sweep's shapes of 64 MiB or more in bfloat16, the LLM vocabularies,
+# and KernelBench's shape in both precisions.
+TRAIN_SHAPES = [(32768, 4096, "float32"), (32768, 4096, "bfloat16"), (4096, 32000, "bfloat16"),
+                (16384, 32000, "bfloat16"), (8192, 50257, "bfloat16"), (8192, 128256, "bfloat16"),
+                (4096, 256000, "bfloat16"), (65536, 1000, "bfloat16")]
+TRAIN_IMPLS = ("model_new", "eager", "compile", "copy")
 
 
 def reference_loss(x, t):
@@ -158,6 +170,67 @@ def kdim_main(args):
     return 0 if all(r["correct"] for r in rows) else 1
 
 
+def training_step(loss_fn, x, t):
+    """One step on fresh logits that require grad: (loss, gradient)."""
+    x = x.detach().requires_grad_()
+    loss = loss_fn(x, t)
+    loss.backward()
+    return loss.detach(), x.grad
+
+
+def peak_extra_bytes(fn, args):
+    """The most memory fn(*args) allocates at once above what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn(*args)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def train_main(args):
+    """Each of TRAIN_SHAPES: the step of every implementation, its time over the copy's and its
+    memory, each checked against eager PyTorch's step in float32."""
+    import model_new
+    rows = []
+    for n, c, d in TRAIN_SHAPES:
+        x = (torch.randn(n, c, device="cuda") * 2).to(DTYPES[d]).requires_grad_()
+        t = torch.randint(0, c, (n,), device="cuda")
+        torch._dynamo.reset()
+        losses = {"model_new": model_new.cross_entropy, "eager": reference_loss}
+        if not args.no_compile:
+            losses["compile"] = torch.compile(reference_loss, backend="inductor", mode="default", dynamic=False)
+        want_loss, want_grad = training_step(reference_loss, x.float(), t)
+        tol = 1e-5 if x.dtype == torch.float32 else 2e-2
+        fns = {impl: run_eval.training_step(f) for impl, f in losses.items()}
+        fns["copy"] = run_eval.copy_fn()
+        copy_ms = timed_mean(fns["copy"], [x, t], args.trials)
+        for impl, fn in fns.items():
+            loss, grad = training_step(losses[impl], x, t) if impl != "copy" else (want_loss, want_grad)
+            correct = bool(torch.allclose(loss.float(), want_loss, rtol=tol, atol=tol) and
+                           torch.allclose(grad.float(), want_grad, rtol=tol, atol=tol * want_grad.abs().max()))
+            del loss, grad
+            x.grad = None
+            times = run_eval.time_cuda_event(fn, [x, t], x.device, trials=args.trials)
+            mean = run_eval.timing_stats(times)["mean_exact"]
+            x.grad = None
+            rows.append({"N": n, "C": c, "dtype": d, "impl": impl, "mean_ms": mean, "median_ms": statistics.median(times),
+                         "copy_ms": copy_ms, "peak_extra_bytes": peak_extra_bytes(fn, [x, t]), "correct": correct,
+                         "device": torch.cuda.get_device_name(), "torch": torch.__version__})
+            x.grad = None
+            print(f"  {n} x {c} {d:9s} {impl:9s} {mean:.4f} ms  {mean / copy_ms:5.2f}x the copy  extra "
+                  f"{rows[-1]['peak_extra_bytes'] / (x.numel() * x.element_size()):4.2f}x the logits  correct {correct}",
+                  flush=True)
+        del x, t, want_grad
+        torch.cuda.empty_cache()
+        if args.out:
+            with open(args.out + ".json", "w") as f:
+                json.dump(rows, f, indent=1)
+    if args.out and can_plot():
+        plot_train(rows, args.out + ".png")
+    return 0 if all(r["correct"] for r in rows) else 1
+
+
 def options_main(args, shapes):
     """Each shape's rows from the best of `passes` passes per options and implementation (the lowest
     mean, its read beside it), every pass checked against float64."""
@@ -227,6 +300,32 @@ def plot(rows, path, title):
     fig.savefig(path, dpi=120)
 
 
+def plot_train(rows, path):
+    """Time over the copy, and extra memory over the logits, per shape and implementation."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    keys = list(dict.fromkeys((r["N"], r["C"], r["dtype"]) for r in rows))
+    impls = [i for i in TRAIN_IMPLS if any(r["impl"] == i for r in rows)]
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(keys)), 8))
+    width = 0.8 / len(impls)
+    for j, impl in enumerate(impls):
+        got = {(r["N"], r["C"], r["dtype"]): r for r in rows if r["impl"] == impl}
+        at = [i + (j - (len(impls) - 1) / 2) * width for i in range(len(keys))]
+        axes[0].bar(at, [got[k]["mean_ms"] / got[k]["copy_ms"] if k in got else 0 for k in keys], width, label=impl)
+        axes[1].bar(at, [got[k]["peak_extra_bytes"] / (k[0] * k[1] * DTYPES[k[2]].itemsize) if k in got else 0
+                         for k in keys], width, label=impl)
+    for ax, label in zip(axes, ("time over the copy y.copy_(x)", "extra memory over the logits")):
+        ax.set_xticks(range(len(keys)))
+        ax.set_xticklabels([f"{n} x {c}\n{d}" for n, c, d in keys], fontsize=8)
+        ax.set_ylabel(label)
+    axes[0].axhline(1.0, color="black", linewidth=0.8)
+    axes[0].legend()
+    fig.suptitle(f"cross-entropy forward + backward: {rows[0]['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", help="comma-separated NxC (default: the full sweep)")
@@ -240,11 +339,16 @@ def main(argv=None):
     ap.add_argument("--options", action="store_true", help="the options sweep (OPTIONS), shapes of 64 MiB or more")
     ap.add_argument("--sets", help="with --options: the OPTIONS sets to time, by name, separated by ';' (default: all)")
     ap.add_argument("--kdim", action="store_true", help="the sweep of inputs (N, C, d1, ..., dk): KDIM_SHAPES")
+    ap.add_argument("--train", action="store_true", help="the training step's sweep (TRAIN_SHAPES) against a copy")
+    ap.add_argument("--no-compile", action="store_true", help="with --train: no torch.compile rows")
     args = ap.parse_args(argv)
     if args.plot_only:
         with open(args.out + ".json") as f:
             rows = json.load(f)
-        plot(rows, args.out + ".png", "cross-entropy forward, mean reduction")
+        if args.train:
+            plot_train(rows, args.out + ".png")
+        else:
+            plot(rows, args.out + ".png", "cross-entropy forward, mean reduction")
         return 0
 
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
@@ -254,6 +358,8 @@ def main(argv=None):
         return options_main(args, shapes)
     if args.kdim:
         return kdim_main(args)
+    if args.train:
+        return train_main(args)
     import model_new
     model = model_new.ModelNew()
     floor_fn = run_eval.stream_read_fn(torch.device("cuda"))

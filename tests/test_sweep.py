@@ -79,3 +79,20 @@ def test_the_options_sweep_keeps_each_rows_best_pass_and_every_passs_check(tmp_p
     assert calls == [8192] * 3  # 4 x 5 is under 64 MiB
     (row,) = json.load(open(out + ".json"))
     assert row["mean_ms"] == 1.0 and row["correct"] is False and row["passes"] == 3
+
+
+def test_the_training_sweep_takes_the_shapes_the_targets_name(tmp_path, monkeypatch):
+    """KernelBench's shape in both precisions and the LLM vocabularies in bfloat16, every forward sweep
+    shape of 64 MiB or more in bfloat16 among them; --plot-only redraws the training plot."""
+    assert {(32768, 4096, "float32"), (32768, 4096, "bfloat16"), (16384, 32000, "bfloat16"),
+            (8192, 128256, "bfloat16"), (4096, 256000, "bfloat16")} <= set(sweep.TRAIN_SHAPES)
+    big = {(n, c) for n, c in sweep.SHAPES if n * c * 2 >= sweep.OPTIONS_MIN_BYTES}
+    assert big <= {(n, c) for n, c, d in sweep.TRAIN_SHAPES if d == "bfloat16"}
+    out = str(tmp_path / "train")
+    rows = [{"N": 4, "C": 5, "dtype": "float32", "impl": "model_new", "mean_ms": 1.0, "copy_ms": 1.0,
+             "peak_extra_bytes": 80, "device": "test device"}]
+    json.dump(rows, open(out + ".json", "w"))
+    drawn = []
+    monkeypatch.setattr(sweep, "plot_train", lambda rows, path: drawn.append((rows, path)))
+    assert sweep.main(["--train", "--plot-only", "--out", out]) == 0
+    assert drawn == [(rows, out + ".png")]
