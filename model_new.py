@@ -2122,8 +2122,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
 
 // ================================================================== the gradient
 // The options build's backward: d loss / d logits, and where asked d loss / d probability targets,
-// from the forward's every-row log-sum-exp, in one read of the logits (and probabilities) and one
-// write of the gradient. Row r's, with e_j = exp(y_j - lse) the softmax of its logits y (capped where
+// from the forward's every-row log-sum-exp, in one read of the logits (the probabilities: two, their
+// sum first) and one write of the gradient. Row r's, with e_j = exp(y_j - lse) the softmax of its logits y (capped where
 // asked), g the loss's incoming gradient (over the mean's divisor, which the host divides by on the
 // device; the row's own for reduction none) and w_j the class weights (1 without):
 //   dx_j = (g (a e_j - b_j) + l e_j) y'_j,   dq_j = g (1 - eps) w_j (lse - y_j)
@@ -2605,7 +2605,7 @@ def _one_row_threads(gpu):
 
 
 class _Plan(NamedTuple):
-    family: int          # _ROWS, _TILES, _ROW_BATCHES, _ONE_ROW or _STREAMED
+    family: int          # _ROWS, _TILES, _ROW_BATCHES, _ONE_ROW, _STREAMED or _GRADIENT
     evict_first: bool    # how the logits are loaded (_evict_first)
     grid: int            # CTAs
     group: int           # threads per item (a row, or a segment of one); the one-row kernel's CTA
@@ -2701,10 +2701,10 @@ def _quad_stage_bytes(elem_bytes):
 
 
 def _gradient_plan(rows, cols, elem_bytes, gpu, class_stride):
-    """The gradient's launch ("The gradient"): contiguous classes take `group` lanes a row, the fewest
-    that give each lane _GRADIENT_VECS vectors of it, at most a warp's (the probabilities' sum
-    shuffles within one); strided classes a thread a position. Every CTA that fits, or as many as
-    the rows need."""
+    """The gradient's launch ("The gradient"): contiguous classes take `group` lanes a row, a power
+    of two that gives each lane at most _GRADIENT_VECS vectors of it, and at most a warp's (the
+    probabilities' sum shuffles within one); strided classes a thread a position. Every CTA that
+    fits, or as many as the rows need."""
     group = 1 if class_stride > 1 else min(32, _pow2_at_least(-(-cols // (16 // elem_bytes * _GRADIENT_VECS))))
     grid = max(1, min(_max_grid(_GRADIENT, gpu), -(-rows // (_THREADS // group))))
     return _Plan(_GRADIENT, False, grid, group, chunks=0)
@@ -3322,10 +3322,14 @@ def _cross_entropy_backward(grad, grad_lse, logits, targets, options, lse, probs
     shape, target_dtype = logits.shape, targets.dtype
     x, t, class_stride, rows, _ = _as_rows(logits, targets, probs)
     cols = x.shape[1]
-    # The gradients in the kernel's layout: rows of C (contiguous), or the contiguous (N, C, d1, ..., dk).
-    layout = x.shape if class_stride > 1 else (rows, cols)
-    dx = torch.empty(layout, dtype=x.dtype, device=x.device)
-    dq = torch.empty(layout, dtype=t.dtype, device=x.device) if probs and probs_grad else None
+    dx = _empty_gradient(logits, x.dtype)
+    dq = _empty_gradient(logits, t.dtype) if probs and probs_grad else None
+
+    def as_rows(g):  # the kernel's view: rows of C, or (strided classes) the (N, C, d1, ..., dk) itself
+        if class_stride > 1:
+            return g
+        return g.movedim(1, -1).view(rows, cols) if len(shape) > 2 else g.view(rows, cols)
+
     weight, smoothing, softcap = options.weight, options.label_smoothing, options.softcap
     weight = weight.contiguous() if weight is not None else None
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing and not probs else None
@@ -3344,25 +3348,31 @@ def _cross_entropy_backward(grad, grad_lse, logits, targets, options, lse, probs
         label_smoothing=smoothing, smoothing_per_class=smoothing / cols, probs=t.data_ptr() if probs else 0,
         probs_stride=t.stride(0) if probs else 0, class_stride=class_stride,
         probs_dtype=_DTYPE_CODES[t.dtype] if probs else _CLASS_INDICES, softcap=softcap,
-        softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(), grad_row_stride=dx.stride(0),
-        grad_out=grad_out.data_ptr(), grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),
+        softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
+        grad_row_stride=as_rows(dx).stride(0), grad_out=grad_out.data_ptr(),
+        grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),
         weight_total=0 if weight_total is None else weight_total.data_ptr(),
         grad_probs=0 if dq is None else dq.data_ptr())
     if rows:
         _options_extension().launch(_PARAMS_STRUCT.pack(*params))
+    return dx, None if dq is None else dq.to(target_dtype)
 
-    def as_input(g):  # back to the input's shape, in the layout the kernel wrote
-        if len(shape) == 1 or class_stride > 1:
-            return g.view(shape)
-        return g if len(shape) == 2 else g.view(shape[0], *shape[2:], cols).movedim(-1, 1)
-    return as_input(dx), None if dq is None else as_input(dq).to(target_dtype)
+
+def _empty_gradient(logits, dtype):
+    """A gradient of the logits' shape in the layout the kernel writes, which the backward's fake
+    declares too: channels last where the logits are (_positions reads those as rows in place), else
+    contiguous."""
+    shape = logits.shape
+    if len(shape) > 2 and logits.movedim(1, -1).is_contiguous():
+        return torch.empty(shape[:1] + shape[2:] + shape[1:2], dtype=dtype, device=logits.device).movedim(-1, 1)
+    return torch.empty(shape, dtype=dtype, device=logits.device)
 
 
 def _counted(targets, weight, ignore_index):
     """The mean's divisor for class indices (the rows counted, or their classes' weights), a 0-dim
     tensor on the device. Its float32 sum of weights may differ from the forward's exact one in the
     last bit; the gradient is that close to the loss's."""
-    counted = targets != ignore_index
+    counted = (targets if targets.dtype == torch.int64 else targets.long()) != ignore_index  # 64 bits, as the kernels
     if weight is None:
         return counted.sum()
     return torch.where(counted, weight[targets.clamp(0, weight.shape[0] - 1)], 0).sum(dtype=torch.float32)
@@ -3443,7 +3453,8 @@ def _forward_shapes(input, target, weight, ignore_index, reduction, label_smooth
 @_backward_op.register_fake
 def _backward_shapes(grad, grad_lse, input, target, weight, lse, ignore_index, reduction, label_smoothing, z_loss,
                      softcap, target_grad):
-    return torch.empty_like(input), torch.empty_like(target) if target_grad else input.new_empty(0)
+    dq = _empty_gradient(input, target.dtype) if target_grad else input.new_empty(0)
+    return _empty_gradient(input, input.dtype), dq
 
 
 _forward_op.register_autograd(lambda ctx, grad, grad_lse: _gradient(ctx, grad, grad_lse, _backward_op),
@@ -3455,7 +3466,8 @@ def _loss(input, target, options, check_targets):
     wanted (through the custom operator where torch.compile traces), else the launch alone, with no
     log-sum-exp saved."""
     compiling = torch.compiler.is_compiling()
-    wants_grad = getattr(input, "requires_grad", False) or getattr(target, "requires_grad", False)  # (tensors?)
+    # getattr: anything but a tensor goes on to _check_inputs' error
+    wants_grad = getattr(input, "requires_grad", False) or getattr(target, "requires_grad", False)
     if not compiling and not (wants_grad and torch.is_grad_enabled()):
         return _cross_entropy(input, target, options, check_targets)
     loss, lse = (_forward_op if compiling else _Loss.apply)(

@@ -300,6 +300,27 @@ def test_a_compiled_model_keeps_it_in_one_graph():
 
 
 @requires_cuda
+@pytest.mark.parametrize("layout", ["transposed", "channels last", "strided classes", "probabilities unlike logits"])
+def test_a_compiled_step_takes_every_layout(layout):
+    """Inductor holds each output of the backward's operator to the strides its fake declares."""
+    if layout == "transposed":
+        x, t = logits(300, 64, torch.float32).t(), class_targets((64, 300), 300)
+    else:
+        x = torch.randn(2, 5, 3, 4, device="cuda")
+        if layout != "strided classes":
+            x = x.contiguous(memory_format=torch.channels_last)
+        t = probabilities((2, 5, 3, 4), torch.float32) if layout.startswith("prob") else class_targets(x.shape, 5)
+    compiled = torch.compile(lambda x, t: model_new.cross_entropy(x, t, label_smoothing=0.1), fullgraph=True)
+    grads = []
+    for fn in (compiled, model_new.cross_entropy):
+        xr, tr = x.detach().requires_grad_(), t.detach().requires_grad_() if t.is_floating_point() else t
+        (fn(xr, tr) if fn is compiled else fn(xr, tr, label_smoothing=0.1)).backward()
+        grads.append((xr.grad, tr.grad if t.is_floating_point() else None))
+    (gx, gt), (wx, wt) = grads
+    assert torch.equal(gx, wx) and gx.stride() == wx.stride() and (gt is None or torch.equal(gt, wt))
+
+
+@requires_cuda
 def test_a_training_step_replays_in_a_cuda_graph():
     x, t = logits(256, 1000, torch.float32).requires_grad_(), class_targets((256, 1000), 1000)
     model = model_new.ModelNew(weight=torch.rand(1000, device="cuda"), label_smoothing=0.1)
