@@ -17,7 +17,7 @@ Probability targets ("soft") are read beside the logits: their floor reads both.
 targets: ModelNew, eager and torch.compile beside the read of the logits and the targets; rows
 shape, dtype, impl, mean_ms, floor_ms, logits_floor_ms, correct.
 --train: the training step (the loss, then loss.backward() into the logits' gradient) of
-TRAIN_SHAPES for ModelNew, eager and torch.compile beside a copy of the logits (y.copy_(x): the
+TRAIN_SHAPES (those of --shapes and --dtypes where given) for ModelNew, eager and torch.compile beside a copy of the logits (y.copy_(x): the
 read and the write a step must make); rows N, C, dtype, impl, mean_ms, median_ms, copy_ms,
 peak_extra_bytes (the step's peak allocation over its inputs) and correct (loss and gradient
 against eager PyTorch's in float32); OUT.png plots time over the copy and the extra memory.
@@ -193,7 +193,10 @@ def train_main(args):
     memory, each checked against eager PyTorch's step in float32."""
     import model_new
     rows = []
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else None
     for n, c, d in TRAIN_SHAPES:
+        if shapes and (n, c) not in shapes or d not in args.dtypes.split(","):
+            continue
         x = (torch.randn(n, c, device="cuda") * 2).to(DTYPES[d]).requires_grad_()
         t = torch.randint(0, c, (n,), device="cuda")
         torch._dynamo.reset()
