@@ -132,6 +132,29 @@ def test_the_gradient_policy(gpu):
     assert model_new._gradient_plan(0, 5, 4, H100, 1).grid == 1
 
 
+def test_the_gradients_layout_is_the_one_the_kernel_reads_as_rows():
+    """_empty_gradient (the real backward's and its fake's): channels last where the logits are, which
+    the kernel writes as rows of C in place; else contiguous, whatever the logits' strides."""
+    x = torch.randn(2, 5, 3, 4)
+    last = x.contiguous(memory_format=torch.channels_last)
+    for logits, channels_last in [(x, False), (last, True), (torch.randn(7, 3).t(), False), (torch.randn(6), False),
+                                  (torch.randn(2, 5, 3, 4)[:, :, 1:], False)]:
+        g = model_new._empty_gradient(logits, torch.bfloat16)
+        assert g.shape == logits.shape and g.dtype == torch.bfloat16
+        assert g.movedim(1, -1).is_contiguous() if channels_last else g.is_contiguous(), logits.stride()
+
+
+def test_the_means_divisor_counts_as_the_kernels_do():
+    """Rows counted (or their classes' weights), int32 targets compared with the ignore index in 64
+    bits: 2**32 + 3 is no class of an int32 tensor."""
+    t = torch.tensor([0, 3, -100, 3, 1], dtype=torch.int32)
+    assert model_new._counted(t, None, -100).item() == 4
+    assert model_new._counted(t, None, 2**32 + 3).item() == 5
+    assert model_new._counted(t.long(), None, 3).item() == 3
+    w = torch.tensor([0.5, 2.0, 1.0, 4.0])
+    assert model_new._counted(t, w, -100).item() == 0.5 + 4.0 + 4.0 + 2.0
+
+
 def test_what_is_not_a_tensor_meets_the_apis_error():
     """The dispatch asks whether a gradient is wanted before the checks run: a list for targets must
     still get the checks' TypeError."""
