@@ -170,14 +170,6 @@ def kdim_main(args):
     return 0 if all(r["correct"] for r in rows) else 1
 
 
-def training_step(loss_fn, x, t):
-    """One step on fresh logits that require grad: (loss, gradient)."""
-    x = x.detach().requires_grad_()
-    loss = loss_fn(x, t)
-    loss.backward()
-    return loss.detach(), x.grad
-
-
 def peak_extra_bytes(fn, args):
     """The most memory fn(*args) allocates at once above what was allocated before it."""
     torch.cuda.synchronize()
@@ -203,13 +195,13 @@ def train_main(args):
         losses = {"model_new": model_new.cross_entropy, "eager": reference_loss}
         if not args.no_compile:
             losses["compile"] = torch.compile(reference_loss, backend="inductor", mode="default", dynamic=False)
-        want_loss, want_grad = training_step(reference_loss, x.float(), t)
+        want_loss, want_grad = run_eval.run_model(reference_loss, [x.float(), t], backward=True)
         tol = 1e-5 if x.dtype == torch.float32 else 2e-2
         fns = {impl: run_eval.training_step(f) for impl, f in losses.items()}
         fns["copy"] = run_eval.copy_fn()
         copy_ms = timed_mean(fns["copy"], [x, t], args.trials)
         for impl, fn in fns.items():
-            loss, grad = training_step(losses[impl], x, t) if impl != "copy" else (want_loss, want_grad)
+            loss, grad = run_eval.run_model(losses[impl], [x, t], True) if impl != "copy" else (want_loss, want_grad)
             correct = bool(torch.allclose(loss.float(), want_loss, rtol=tol, atol=tol) and
                            torch.allclose(grad.float(), want_grad, rtol=tol, atol=tol * want_grad.abs().max()))
             del loss, grad

@@ -11,6 +11,7 @@ from cases import expected_loss as expected
 from conftest import requires_cuda
 from plans import GPU_PLANS, H100
 from test_streamed import probabilities
+from test_streamed import class_targets as streamed_targets
 
 # float32 gradients: within 1e-6 of float64's, relative to its largest element. 16-bit ones are
 # float32's rounded once: half a unit in their last place more.
@@ -39,10 +40,8 @@ POSITION_SHAPES = [(2, 5, 3, 4), (3, 21, 17), (4, 1, 5)]
 
 
 def class_targets(shape, cols, ignore_index=-100, ignored=0.2):
-    """Class indices for logits of `shape` ((N, C, d1, ...)): a share of them the ignore index."""
-    positions = shape[:1] + shape[2:]
-    t = torch.randint(0, cols, positions, device="cuda")
-    return t.masked_fill(torch.rand(positions, device="cuda") < ignored, ignore_index)
+    """Class indices, a fifth of them (`ignored`) the options' ignore index: none out of range."""
+    return streamed_targets(shape, cols, ignored, ignore_index=ignore_index)
 
 
 def reference_options(options, cols, dtype):
@@ -137,11 +136,11 @@ def test_the_gradients_layout_is_the_one_the_kernel_reads_as_rows():
     the kernel writes as rows of C in place; else contiguous, whatever the logits' strides."""
     x = torch.randn(2, 5, 3, 4)
     last = x.contiguous(memory_format=torch.channels_last)
-    for logits, channels_last in [(x, False), (last, True), (torch.randn(7, 3).t(), False), (torch.randn(6), False),
-                                  (torch.randn(2, 5, 3, 4)[:, :, 1:], False)]:
-        g = model_new._empty_gradient(logits, torch.bfloat16)
-        assert g.shape == logits.shape and g.dtype == torch.bfloat16
-        assert g.movedim(1, -1).is_contiguous() if channels_last else g.is_contiguous(), logits.stride()
+    for given, channels_last in [(x, False), (last, True), (torch.randn(7, 3).t(), False), (torch.randn(6), False),
+                                 (torch.randn(2, 5, 3, 4)[:, :, 1:], False)]:
+        g = model_new._empty_gradient(given, torch.bfloat16)
+        assert g.shape == given.shape and g.dtype == torch.bfloat16
+        assert g.movedim(1, -1).is_contiguous() if channels_last else g.is_contiguous(), given.stride()
 
 
 def test_the_means_divisor_counts_as_the_kernels_do():

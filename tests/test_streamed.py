@@ -32,11 +32,11 @@ def probabilities(shape, dtype, device="cuda"):
     return p.masked_fill(torch.rand(shape, device=device) < 0.1, 0.0).to(dtype)
 
 
-def class_targets(shape, cols, ignore=0.25, device="cuda"):
-    """Class indices for logits of `shape` ((N, C, d1, ...)): a share of them the ignore index -100."""
+def class_targets(shape, cols, ignore=0.25, device="cuda", ignore_index=-100):
+    """Class indices for logits of `shape` ((N, C, d1, ...)): a share of them the ignore index."""
     positions = shape[:1] + shape[2:]
     t = torch.randint(0, cols, positions, device=device)
-    return t.masked_fill(torch.rand(positions, device=device) < ignore, -100)
+    return t.masked_fill(torch.rand(positions, device=device) < ignore, ignore_index)
 
 
 def result_dtype(x, t):
