@@ -12,9 +12,11 @@ same kernels, compiled on first use. The default build compiles at import for th
 compute capability 7.5 (T4) or newer.
 
 Both train: on logits (or probability targets) that require grad, under grad mode, the forward also
-saves every row's log-sum-exp, and loss.backward() runs the options build's gradient kernel, every
-option included; torch.compile sees custom operators (kb95::cross_entropy and its backward), so a
-model compiles with fullgraph=True.
+saves every row's max and sum of exp, and loss.backward() runs the options build's gradient kernel,
+every option included. Where the logits alone train and their rows of class indices fit a CTA's
+registers, one launch writes the loss and the gradient (the fused family), and the backward leaves
+that gradient as it is where the incoming gradient is 1. torch.compile sees custom operators
+(kb95::cross_entropy and its backward), so a model compiles with fullgraph=True.
 
 One launch reads every logit once and writes nothing of size N x C: each row is reduced to
 (max, sum of exp) in fp32, the target logit picked out on the way; the losses are summed exactly,
@@ -26,7 +28,8 @@ Where to look:
   the GPU               _gpu: the driver's figures the policy reads (_DEVICE_ATTRIBUTES)
   the boundary          _PARAMS: the launch's one parameter block, declared once for both sides
   the dispatch          _cross_entropy, called by ModelNew.forward and cross_entropy (through _loss)
-  the gradient          _cross_entropy_backward, _Loss (eager autograd), _forward_op (torch.compile)
+  the gradient          _Loss (eager autograd, the fused family: _fused_plan), _cross_entropy_backward,
+                        _forward_op (torch.compile)
 The figures behind each choice are in bench/PERF.md, by the section a comment names.
 
 A target outside [0, C) other than -100 makes the result NaN. Set CROSS_ENTROPY_CHECK_TARGETS=1
@@ -68,8 +71,10 @@ _CUDA_SRC = r"""
 //   streamed rows      the options build's: probability targets, inputs (N, C, d1, ..., dk) whose
 //                      classes are strided in memory, class weights with label smoothing, and
 //                      soft-capped logits.
-// And for training, the options build's gradient: from every row's log-sum-exp, which the forward
-// saves, it reads the logits once more and writes d loss / d logits once, for every option.
+// And for training, in the options build: the gradient, which from every row's (m, s), saved by
+// the forward, reads the logits once more and writes d loss / d logits once, for every option; and
+// the fused family, which where the logits require grad and rows of class indices fit a CTA's
+// registers writes the gradient from the registers that hold each row, beside its loss.
 // All but one row share the rest: CTAs take chunks of work (rows, a tile, a batch), first two
 // each by their index, then claimed from a counter, so that SMs that stream faster take more and
 // the grid still sweeps the tensor front to back (ChunkClaims). Each chunk's losses are summed in a
@@ -505,8 +510,8 @@ __device__ __forceinline__ int target_code(const Params& p, long long target) {
 }
 
 // Whether the launch reads the logits of every row, ignored ones and bad targets' too: the options
-// build, where it stores every row's log-sum-exp (Params::lse).
-__device__ __forceinline__ bool every_row(const Params& p) { return kOptions && p.lse != nullptr; }
+// build, where it stores every row's (m, s) (Params::row_state).
+__device__ __forceinline__ bool every_row(const Params& p) { return kOptions && p.row_state != nullptr; }
 
 // A row's target as two 32-bit words, for int64 and int32 targets alike: a kernel that reads them
 // so needs no instance per target type, and no select between two loads in flight, which would
@@ -768,16 +773,16 @@ __device__ __forceinline__ float copied_class_weight(const uint32_t* slot, const
 }
 
 // What the options build adds to a row's loss in every family: z_loss * lse^2 where the row counts
-// (code >= 0), every row's log-sum-exp where asked, and its loss for reduction none (0 where ignored),
+// (code >= 0), every row's (m, s) where asked, and its loss for reduction none (0 where ignored),
 // stored in the format O, the result's.
 template <class O>
 __device__ __forceinline__ float finish_row(const Params& p, long long row, long long code, Lse st, float log_s,
                                             float loss) {
-  if (p.z_loss != 0.f || p.lse) {
+  if (p.z_loss != 0.f && code >= 0) {  // guarded: 0 * inf would be NaN
     const float lse = st.m + log_s;
-    if (code >= 0 && p.z_loss != 0.f) loss = fmaf(p.z_loss * lse, lse, loss);  // guarded: 0 * inf would be NaN
-    if (p.lse) p.lse[row] = lse;
+    loss = fmaf(p.z_loss * lse, lse, loss);
   }
+  if (p.row_state) p.row_state[row] = make_float2(st.m, st.s);
   if (p.reduction == kReductionNone)
     O::store(static_cast<typename O::Storage*>(p.losses) + row, code == kTargetIgnored ? 0.f : loss);
   return loss;
@@ -787,7 +792,7 @@ __device__ __forceinline__ float finish_row(const Params& p, long long row, long
 // is not needed) and its target logit: PyTorch's, NaN for a bad target. The options build applies
 // the row's options: times its class's weight (class_weight's), label smoothing (from the row's
 // Gap), plus z_loss * lse^2, and stores what is asked per row: its loss for reduction none (0 where
-// ignored), its log-sum-exp.
+// ignored), its (m, s).
 template <class E>
 __device__ __forceinline__ float row_outcome(const Params& p, long long row, long long code, Lse st, float x_t,
                                              float weight, Gap gap = {0.f, 0.f}) {
@@ -2132,7 +2137,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
 
 // ================================================================== the gradient
 // The options build's backward: d loss / d logits, and where asked d loss / d probability targets,
-// from the forward's every-row log-sum-exp, in one read of the logits (the probabilities: two, their
+// from every row's (m, s), which the forward saves, in one read of the logits (the probabilities: two, their
 // sum first) and one write of the gradient. Row r's, with e_j = exp(y_j - lse) the softmax of its logits y (capped where
 // asked), g the loss's incoming gradient (over the mean's divisor, which the host divides by on the
 // device; the row's own for reduction none) and w_j the class weights (1 without):
@@ -2148,9 +2153,13 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
 // this one is written), element by element elsewhere; strided classes: a thread a position, so that
 // neighbouring threads read and write neighbouring positions. A row's scalars (target, lse, incoming
 // gradients) are loaded a row ahead, and its first batch before its class weight: no row waits on a
-// chain of loads before its stream starts.
+// chain of loads before its stream starts. After the fused family's forward (Params::grad_in), rows
+// whose gradient it wrote for an incoming 1 are left as they are; the rest are written anew from the
+// logits, rounded once, rather than scaled.
 
 static_assert(kGradientVecs % 2 == 0, "probabilities take half the vectors a lane: a whole number");
+static_assert(4 * kFusedVecs <= 65536 / (kThreads * kCtasPerSm) / 2,
+              "the fused family's row takes at most half the registers its launch bounds leave a lane");
 
 // kPerVec floats as one 16-byte vector of E, each rounded once.
 template <class E>
@@ -2164,43 +2173,69 @@ __device__ __forceinline__ uint4 vector_of(const float (&v)[E::kPerVec]) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// What a row's gradient starts from, loaded a row ahead: its log-sum-exp, its incoming gradients
-// (the loss's for reduction none; the log-sum-exp's) and its target.
+// What a row's gradient starts from, loaded a row ahead: its (m, s), its incoming gradients
+// (the loss's for reduction none; the log-sum-exp's), its target, and whether the fused forward's
+// gradient stands: the loss's incoming gradient as given is 1 and no log-sum-exp's reaches the row.
 struct RowInputs {
-  float lse, g, l;
+  float2 state;  // (m, s)
+  float g, l;
   TargetWords target;
+  bool written;
 };
 template <bool kProbs>
 __device__ __forceinline__ RowInputs load_row_inputs(const Params& p, long long row) {
-  RowInputs in = {0.f, 0.f, 0.f, {0u, 0u}};
+  RowInputs in = {{0.f, 1.f}, 0.f, 0.f, {0u, 0u}, false};
   if (row < p.rows) {
-    in.lse = p.lse[row];
+    in.state = p.row_state[row];
     if (p.reduction == kReductionNone) in.g = p.grad_out[row];
     if (p.grad_lse) in.l = p.grad_lse[row];
     if (!kProbs) in.target = load_target_words(p, row);
+    in.written = p.grad_in && p.grad_in[p.reduction == kReductionNone ? row : 0] == 1.f && in.l == 0.f;
   }
   return in;
 }
 
-// A row's factors: its lse, a, g and l (the header's), its target's share (1 - eps) w_t and column
-// (class indices; else -1), and whether its gradient is 0 throughout.
+// A row's factors, the header's: its max m, a / s and l / s, g, the target's b_t (class indices), its
+// lse, the target's column (else -1), and whether its gradient is 0 throughout. e_j s = exp(y_j - m):
+// y_j - m is exact near the max, where lse - y_j would carry lse's rounding (a few 1e-7 of every
+// element, for logits of magnitude 10 or more), so 1 / s goes into a and l once a row.
 struct RowGradient {
-  float lse, a, g, l, own;
+  float m, a, l, g, b_t, lse;
   int target;
   bool zero;
 };
+// From the row's (m, s), g (0 where it does not count, NaN for a bad target), l, a and b_t; z-loss
+// adds its 2 z g lse to l where the row counts.
+__device__ __forceinline__ RowGradient row_gradient(const Params& p, float2 state, float g, float l, float a, float b_t,
+                                                    int target, bool counts) {
+  const float lse = state.x + logf(state.y), inv_s = __frcp_rn(state.y);
+  if (counts && p.z_loss != 0.f) l = fmaf(2.f * p.z_loss * g, lse, l);
+  return {state.x, a * inv_s, l * inv_s, g, b_t, lse, target, !counts && l == 0.f};
+}
+// A class-index row's: code its target's (target_code's), w_t its class weight, all_weights the
+// classes' weights' sum (C without), class_weights whether b_j reads w_j. (Unused where the build has
+// no gradient.)
+[[maybe_unused]] __device__ __forceinline__ RowGradient class_row_gradient(const Params& p, float2 state, long long code,
+                                                                          float w_t, float g, float l, float all_weights,
+                                                                          bool class_weights) {
+  const bool counts = code != kTargetIgnored;
+  g = !counts ? 0.f : code == kTargetBad ? __int_as_float(0x7fc00000) : g;  // NaN, as the row's loss
+  const float own = code >= 0 ? (1.f - p.label_smoothing) * w_t : 0.f;
+  const float a = fmaf(p.smoothing_per_class, all_weights, own);
+  const float b_t = fmaf(p.smoothing_per_class, class_weights ? w_t : 1.f, own);
+  return row_gradient(p, state, g, l, a, b_t, int(code), counts);
+}
 
 // dx_j of one element, and dq_j for probabilities: its logit x, class weight w (1 where no share
-// reads it), probability q (0 for class indices) and whether it is the target. b_j is formed as a's
-// terms are, so that a e_j - b_j is exactly 0 where the row has one class.
+// reads it), probability q (0 for class indices) and whether it is the target. a e_j - b_j in one FMA:
+// where the row has one class, exactly 0; and where e_t is near 1, as near as float32 holds it.
 template <class L, bool kProbs>
 __device__ __forceinline__ float element_gradient(const Params& p, const RowGradient& r, float x, float w, float q,
                                                   bool target, float& dq) {
   float slope;
   const float y = logit_and_slope<L>(p, x, slope);
-  const float e = exp2_approx((y - r.lse) * kLog2e);
-  const float b = kProbs ? class_share<true>(p, w, q) : target ? fmaf(p.smoothing_per_class, w, r.own)
-                                                               : p.smoothing_per_class * w;
+  const float e = exp2_approx((y - r.m) * kLog2e);  // e_j s
+  const float b = kProbs ? class_share<true>(p, w, q) : target ? r.b_t : p.smoothing_per_class * w;
   if constexpr (kProbs) dq = r.g * (1.f - p.label_smoothing) * w * (r.lse - y);
   return r.zero ? 0.f : fmaf(r.g, fmaf(r.a, e, -b), r.l * e) * slope;
 }
@@ -2222,6 +2257,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
   const bool class_weights = weighted(p) && (kProbs || smoothing(p));  // where a share reads w_j
   const float g_all = p.reduction == kReductionNone ? 0.f : *p.grad_out;  // the mean's and the sum's, every row's
   const float all_weights = weighted(p) && !kProbs && smoothing(p) ? *p.weight_total : float(p.cols);
+  if (p.grad_in && p.reduction != kReductionNone && *p.grad_in == 1.f && !p.grad_lse) return;  // written throughout
 
   long long row = blockIdx.x * (kThreads / group) + threadIdx.x / group;
   RowInputs next = load_row_inputs<kProbs>(p, row);
@@ -2230,7 +2266,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
     const RowInputs in = next;
     next = load_row_inputs<kProbs>(p, row + rows_a_step);
     const bool live = row < p.rows;
-    const int len = live ? cols : 0;
+    const int len = live && !in.written ? cols : 0;
     const long long n = kStrided ? row / p.class_stride : row, s = kStrided ? row - n * p.class_stride : 0;
     const S* x_row = static_cast<const S*>(p.logits) + n * p.row_stride + s;
     S* dx_row = static_cast<S*>(p.grad) + n * p.grad_row_stride + s;
@@ -2262,24 +2298,17 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
     if constexpr (kVectors) load_batch(lane);
 
     // The row's factors.
-    RowGradient r = {in.lse, 0.f, p.reduction == kReductionNone ? in.g : g_all, in.l, 0.f, -1, false};
-    bool counts = true;
+    const float g = p.reduction == kReductionNone ? in.g : g_all;
+    RowGradient r;
     if constexpr (kProbs) {
       float a = 0.f;
       for (int j = lane; j < len; j += group)
         a += class_share<true>(p, class_weights ? weight_at<L>(p, j) : 1.f, load_scalar<PF>(q_row + j * stride));
-      r.a = lanes_sum(a, group);
+      r = row_gradient(p, in.state, g, in.l, lanes_sum(a, group), 0.f, -1, true);
     } else {
       const long long code = live ? target_code(p, target_value(p, in.target)) : kTargetIgnored;
-      counts = code != kTargetIgnored;
-      if (code == kTargetBad) r.g = __int_as_float(0x7fc00000);  // NaN, as the row's loss
-      if (code >= 0) r.own = (1.f - p.label_smoothing) * class_weight<L>(p, code);
-      r.target = int(code);
-      r.a = fmaf(p.smoothing_per_class, all_weights, r.own);
+      r = class_row_gradient(p, in.state, code, class_weight<L>(p, code), g, in.l, all_weights, class_weights);
     }
-    if (!counts) r.g = 0.f;
-    if (counts && p.z_loss != 0.f) r.l = fmaf(2.f * p.z_loss * r.g, in.lse, r.l);
-    r.zero = !counts && p.grad_lse == nullptr;
 
     // Element by element: the edges around the vectors, or the whole row.
     const int nedge = len - cut.nvec * L::kPerVec;
@@ -2332,6 +2361,169 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
   }
 }
 
+// ================================================================== family: loss and gradient fused
+// Training's forward, where the logits require grad and are contiguous rows of class indices that fit
+// the registers of a CTA: each row is loaded once into the registers of its group (`group` lanes, a
+// power of two from a warp to the CTA, kFusedVecs 16-byte vectors a lane at most and an edge element),
+// reduced there to its (m, s) and Gap, which every lane of the group then holds, and from the same
+// registers come its loss (summed as every family sums, to the exact sum) and its gradient, by the
+// gradient's formula (above) with g the loss's gradient as returned: one over the mean's divisor,
+// counted on the device just before (cross_entropy_divisor_kernel; null: 1, for the sum and none), and
+// l z-loss's 2 z g lse. The logits are read once and the gradient written once. The backward then
+// leaves every row whose incoming gradient is 1 as it is (the gradient kernel's Params::grad_in).
+// The row's writes follow its reads in every lane (the merge orders them across lanes), so the
+// gradient may be written over the logits. Overlap comes from the CTAs an SM holds: while one
+// reduces, the others' loads are in flight.
+
+// The merged (m, s) and Gap of `group` lanes, in every lane: within a warp by butterflies, across
+// warps through a float4 per warp in `state`, which every lane of the group reads in the same order.
+// (Unused where the build has no fused family.)
+[[maybe_unused]] __device__ __forceinline__ void group_share(Lse& st, Gap& gap, bool smooth, int group, int group_id,
+                                                             float4* state) {
+  const float lane_base = safe_base(st.m);
+  const int width = min(group, 32);
+  lse_reduce_lanes(st, width);
+  if (smooth) gap = gap_lanes_sum(gap_rebase(gap, lane_base, safe_base(st.m)), width);
+  if (group <= 32) return;
+  const int warp = threadIdx.x >> 5, first = warp & ~((group >> 5) - 1);
+  if ((threadIdx.x & 31) == 0) state[warp] = make_float4(st.m, st.s, gap.sum, gap.weight);
+  group_barrier(1 + group_id, group);
+  float m = -INFINITY;
+  for (int w = first; w < first + (group >> 5); ++w) m = fmaxf(m, state[w].x);
+  const float base = safe_base(m);
+  float s = 0.f;
+  Gap all = {0.f, 0.f};
+  for (int w = first; w < first + (group >> 5); ++w) {
+    const float4 o = state[w];
+    s += o.y * exp2_approx((o.x - base) * kLog2e);  // +inf max: inf - inf = NaN, as in PyTorch
+    if (smooth) all = {all.sum + gap_rebase({o.z, o.w}, safe_base(o.x), base).sum, all.weight + o.w};
+  }
+  st = {m, s};
+  gap = all;
+}
+
+template <class L>
+__global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_kernel(const Params p) {
+  constexpr int kVecs = kSm75 ? kFusedVecs / 2 : kFusedVecs;  // sm_75's emulated bf16 spilled at kFusedVecs
+  using S = typename L::Storage;
+  __shared__ float4 warp_state[2][kWarps];  // group_share's, by chunk parity
+  __shared__ float warp_sums[2][kChunkSums];
+  __shared__ long long claimed[2];
+  const int group = p.group, lane = threadIdx.x & (group - 1), group_id = threadIdx.x / group;
+  const int cols = int(p.cols);
+  const bool smooth = smoothing(p), class_weights = weighted(p) && smooth;  // where a share reads w_j
+  auto row_of = [&](long long chunk) { return chunk * (kThreads / group) + group_id; };
+  auto load_target = [&](long long chunk) {  // a chunk ahead, so that no row waits on its target
+    const long long row = row_of(chunk);
+    return row < p.rows ? load_target_words(p, row) : TargetWords{0u, 0u};
+  };
+  ChunkClaims claims;
+  TargetWords next_target = load_target(claims.chunk);
+  unsigned int ignored = 0;  // group leaders: the rows of ignore_index they met
+
+  for (int parity = 0; claims.chunk < p.chunks; parity ^= 1) {  // the same in every thread
+    const unsigned int claim = claims.claim(p.counter + 1);
+    const long long row = row_of(claims.chunk);
+    const bool live = row < p.rows;
+    const TargetWords target = next_target;
+    next_target = load_target(claims.next);
+    const long long code = live ? target_code(p, target_value(p, target)) : kTargetIgnored;
+    const S* x_row = static_cast<const S*>(p.logits) + row * p.row_stride;
+    S* dx_row = static_cast<S*>(p.grad) + row * p.grad_row_stride;
+    const Aligned cut = live ? align_stretch<L>(x_row, cols) : Aligned{0, 0};
+    const int nedge = live ? cols - cut.nvec * L::kPerVec : 0;  // fewer than 2 kPerVec: one a lane
+    // The row: every load issued before any is used.
+    const uint4* x_vecs = reinterpret_cast<const uint4*>(x_row + cut.head);
+    const uint4 neg_inf = neg_inf_vec<L>();
+    uint4 xb[kVecs];
+#pragma unroll
+    for (int u = 0; u < kVecs; ++u) {
+      const int v = lane + u * group;
+      xb[u] = v < cut.nvec ? x_vecs[v] : neg_inf;
+    }
+    const int edge = lane < nedge ? edge_element<L>(cut, lane) : -1;
+    const float x_edge = edge >= 0 ? load_scalar<L>(x_row + edge) : -INFINITY;  // as loaded: the gradient caps it
+    float x_t = 0.f;
+    if (lane == 0 && code >= 0) x_t = logit<L>(p, load_scalar<L>(x_row + code));
+
+    // The lane's (m, s) and Gap against its own max, then the group's.
+    // The cap rises with x: the capped max is the raw max capped.
+    const float m = fmaxf(logit<L>(p, vectors_max<L>(xb)), edge >= 0 ? logit<L>(p, x_edge) : -INFINITY);
+    const float base = safe_base(m);
+    float s = 0.f;
+    Gap gap = {0.f, 0.f};
+    // Each class's weight from weight(column). Where no class weight is read, a loop of its own: the
+    // test inside cost every element the weight's instructions. Not for soft-capped logits, whose
+    // elements take their time in the cap, and whose second copy of the loop ran out of registers.
+    const auto weight_of = [&](int col) { return class_weights ? weight_at<L>(p, col) : 1.f; };
+    const auto no_weight = [](int) { return 1.f; };
+    const bool weightless = !class_weights && !kSoftCapped<L>;
+    auto add_exps = [&](auto weight) {
+#pragma unroll
+      for (int u = 0; u < kVecs; ++u)
+        if (lane + u * group < cut.nvec)
+#pragma unroll
+          for (int i = 0; i < L::kPerVec; ++i)
+            exp_and_gap(logit<L>(p, L::at(xb[u], i)), base, weight(cut.head + (lane + u * group) * L::kPerVec + i), s,
+                        gap);
+    };
+    if (!smooth && !kSoftCapped<L>) s = vectors_sum_exp<L>(xb, base, 0.f);  // vectors past the row: -inf, adding 0
+    else if (weightless) add_exps(no_weight);
+    else add_exps(weight_of);
+    if (edge >= 0) exp_and_gap(logit<L>(p, x_edge), base, weight_of(edge), s, gap);
+    Lse st = {m, s};
+    group_share(st, gap, smooth, group, group_id, warp_state[parity]);
+
+    // The target's class weight, every lane's (the gradient's target share reads it): loaded here,
+    // where it holds no register while the row is reduced.
+    const float w_t = class_weight<L>(p, code);
+
+    // The loss, in the group's leader, as every family finishes a row.
+    float loss = 0.f, weight = 0.f;
+    if (live && lane == 0) {
+      const float outcome = row_outcome<L>(p, row, code, st, x_t, w_t, gap);
+      if (code == kTargetIgnored) {
+        ++ignored;
+      } else {
+        loss = outcome;
+        weight = w_t;
+      }
+    }
+
+    // The gradient, from the registers (the gradient kernel's factors, with g and l as above).
+    // g and the weights' sum, loaded again for each row (from L1): held across the loop, one spilled.
+    const float g = p.grad_out ? __ldg(p.grad_out) : 1.f;
+    const float all_weights = class_weights ? __ldg(p.weight_total) : float(p.cols);
+    const RowGradient r = class_row_gradient(p, make_float2(st.m, st.s), code, w_t, g, 0.f, all_weights, class_weights);
+    uint4* dx_vecs = reinterpret_cast<uint4*>(dx_row + cut.head);
+    auto write_gradient = [&](auto weight) {
+      float unused;
+#pragma unroll
+      for (int u = 0; u < kVecs; ++u) {
+        const int v = lane + u * group;
+        if (v < cut.nvec) {
+          const int col = cut.head + v * L::kPerVec;
+          float dx[L::kPerVec];
+#pragma unroll
+          for (int i = 0; i < L::kPerVec; ++i)
+            dx[i] = element_gradient<L, false>(p, r, L::at(xb[u], i), weight(col + i), 0.f, col + i == r.target, unused);
+          dx_vecs[v] = vector_of<L>(dx);
+        }
+      }
+      if (edge >= 0)
+        L::store(dx_row + edge, element_gradient<L, false>(p, r, x_edge, weight(edge), 0.f, edge == r.target, unused));
+    };
+    if (weightless) write_gradient(no_weight);
+    else write_gradient(weight_of);
+    end_chunk(p, true, loss, weight, group, warp_sums[parity], claims, claim, &claimed[parity]);
+    claims.advance(&claimed[parity]);
+  }
+
+  if (!arrive_last(p, ignored, true)) return;
+  reset_claims(p.counter + 1);
+  store_result<L>(p, whole_rows_total(p));
+}
+
 // A streamed or gradient launch's instance: launch(L{}, P{}, kStrided) with L the logits' format (E,
 // or SoftCapped<E>), P the targets' (ClassIndices, or the probabilities' format: float32 or E) and
 // kStrided a std::bool_constant, whether classes are strided.
@@ -2370,6 +2562,44 @@ void launch_gradient(const Params& p) {
     cross_entropy_gradient_kernel<decltype(logits), decltype(targets), decltype(strided)::value>
         <<<p.grid, kThreads, 0, p.stream>>>(p);
   });
+}
+
+// Ahead of a fused launch of the mean, in the same stream: its divisor, the rows counted or their
+// classes' weights, counted as the forward's last CTA counts them (the rows of ignore_index, and the
+// weights' exact sum, here of each CTA's sum), and 1 / divisor stored at Params::grad_out, where the
+// fused kernel reads its g. One small launch in place of the several that torch operations took, whose
+// host time showed in the step. The workspace is left at zero, as by every launch.
+template <class E>
+__global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_divisor_kernel(const Params p) {
+  __shared__ Total scratch[kWarps];
+  Total mine = {0.0, 0.0};  // (rows of ignore_index, the other rows' class weights)
+  for (long long row = (long long)blockIdx.x * kThreads + threadIdx.x; row < p.rows;
+       row += (long long)gridDim.x * kThreads) {
+    const long long code = target_code(p, target_value(p, load_target_words(p, row)));
+    if (code == kTargetIgnored) mine.sum += 1.0;
+    else mine.divisor += class_weight<E>(p, code);
+  }
+  const Total cta = cta_sum(mine, scratch);
+  if (threadIdx.x == 0) {
+    if (cta.sum != 0.0) atomicAdd(p.ignored_rows, (unsigned long long)cta.sum);
+    if (weighted(p)) exact_add(p.weight_exact, float(cta.divisor));
+  }
+  if (!arrive_last(p, 0u, true)) return;
+  const Total total = whole_rows_total(p);
+  if (threadIdx.x == 0) {
+    *p.ignored_rows = 0;
+    *p.grad_out = float(1.0 / total.divisor);
+  }
+}
+
+template <class E>
+void launch_fused(const Params& p) {
+  if (p.reduction == kReductionMean) {
+    const long long blocks = (p.rows + kThreads - 1) / kThreads;  // at least one: no rows, and the divisor is 0
+    cross_entropy_divisor_kernel<E><<<int(blocks < 1 ? 1 : blocks < p.grid ? blocks : p.grid), kThreads, 0, p.stream>>>(p);
+  }
+  if (p.softcap != 0.f) cross_entropy_fused_kernel<SoftCapped<E>><<<p.grid, kThreads, 0, p.stream>>>(p);
+  else cross_entropy_fused_kernel<E><<<p.grid, kThreads, 0, p.stream>>>(p);
 }
 
 // ================================================================== the launch
@@ -2414,9 +2644,10 @@ void launch_for_loads(const Params& p) {
 
 template <class E>
 void launch_for_family(const Params& p) {
-  if constexpr (kOptions) {  // the streamed family and the gradient are the options build's alone
+  if constexpr (kOptions) {  // the streamed family, the gradient and the fused family are the options build's alone
     if (p.family == kFamilyStreamed) return launch_streamed<E>(p);
     if (p.family == kFamilyGradient) return launch_gradient<E>(p);
+    if (p.family == kFamilyFused) return launch_fused<E>(p);
   }
   if (p.target_bytes == 8) launch_for_loads<E, long long>(p);
   else launch_for_loads<E, int>(p);
@@ -2441,13 +2672,16 @@ void launch_cross_entropy(const std::string& block) {
   Params p;
   if (block.size() != sizeof p) throw std::invalid_argument("cross-entropy launch: the parameter block has the wrong size");
   std::memcpy(&p, block.data(), sizeof p);
-  const bool options_family = kOptions && (p.family == kFamilyStreamed || p.family == kFamilyGradient);
+  const bool options_family =
+      kOptions && (p.family == kFamilyStreamed || p.family == kFamilyGradient || p.family == kFamilyFused);
   const bool known = (p.family == kFamilyRows || p.family == kFamilyTiles || p.family == kFamilyRowBatches ||
                       p.family == kFamilyOneRow || options_family) &&
                      (p.dtype == kFloat32 || p.dtype == kBFloat16 || p.dtype == kFloat16) &&
                      (p.probs_dtype == kClassIndices || p.probs_dtype == kFloat32 || p.probs_dtype == p.dtype) &&
                      (p.family != kFamilyStreamed || p.class_stride == 1 || p.group == 1 || p.group == kQuad) &&
-                     (p.family != kFamilyGradient || (p.group >= 1 && p.group <= 32 && (p.group & (p.group - 1)) == 0));
+                     (p.family != kFamilyGradient || (p.group >= 1 && p.group <= 32 && (p.group & (p.group - 1)) == 0)) &&
+                     (p.family != kFamilyFused || (p.group >= 32 && p.group <= kThreads && (p.group & (p.group - 1)) == 0 &&
+                                                    p.probs_dtype == kClassIndices && p.class_stride == 1));
   if (!known) throw std::invalid_argument("cross-entropy launch: unknown kernel family or dtype");
   int previous = 0;
   cudaGetDevice(&previous);
@@ -2512,7 +2746,7 @@ _FAST_MEMORY_L2S = 3              # ... and row batches and fp32 evict-first row
 _IGNORE_INDEX = -100      # PyTorch's default: the default build skips it, the options build any other
 _REDUCTIONS = {"mean": 0, "sum": 1, "none": 2}
 
-_ROWS, _TILES, _ROW_BATCHES, _ONE_ROW, _STREAMED, _GRADIENT = range(6)  # the kernel families
+_ROWS, _TILES, _ROW_BATCHES, _ONE_ROW, _STREAMED, _GRADIENT, _FUSED = range(7)  # the kernel families
 _VECTOR_SWEEPS, _ELEMENT_SWEEPS, _PAIR_SWEEPS = range(3)  # how the tiles' kernel reduces a row (_sweeps)
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _FLOAT32 = torch.finfo(torch.float32)
@@ -2523,6 +2757,7 @@ _QUAD = 4                 # strided class indices: neighbouring positions a thre
 _QUAD_CLASSES = 8         # ... their classes copied to shared memory this many at a time ...
 _QUAD_STAGE_BYTES = 32 << 10  # ... in stages of at most this many bytes a CTA ("Streamed rows")
 _GRADIENT_VECS = 4        # the gradient's 16-byte vectors a lane at a time ("The gradient")
+_FUSED_VECS = 8           # the fused family's 16-byte vectors a lane at most, its row in registers ("The fused step")
 
 _KERNEL_CONSTANTS = {
     "kThreads": _THREADS, "kCtasPerSm": _CTAS_PER_SM, "kCtasPerSmMoreRegisters": _CTAS_PER_SM_MORE_REGISTERS,
@@ -2531,6 +2766,7 @@ _KERNEL_CONSTANTS = {
     "kOneRowThreads": _ONE_ROW_THREADS, "kOneRowThreadsSm75": _ONE_ROW_THREADS_SM75, "kExactWords": _EXACT_WORDS,
     "kFamilyRows": _ROWS, "kFamilyTiles": _TILES, "kFamilyRowBatches": _ROW_BATCHES, "kFamilyOneRow": _ONE_ROW,
     "kFamilyStreamed": _STREAMED, "kFamilyGradient": _GRADIENT, "kGradientVecs": _GRADIENT_VECS,
+    "kFamilyFused": _FUSED, "kFusedVecs": _FUSED_VECS,
     "kClassIndices": _CLASS_INDICES, "kStreamVecs": _STREAM_VECS, "kQuad": _QUAD,
     "kQuadClasses": _QUAD_CLASSES, "kQuadStageBytes": _QUAD_STAGE_BYTES,
     "kVectorSweeps": _VECTOR_SWEEPS, "kElementSweeps": _ELEMENT_SWEEPS, "kPairSweeps": _PAIR_SWEEPS,
@@ -2571,6 +2807,7 @@ _CTA_SHARED_BYTES = {
     _ONE_ROW: 1024,
     _STREAMED: 1024,
     _GRADIENT: 1024,
+    _FUSED: 1024,
 }
 
 
@@ -2599,7 +2836,7 @@ def _one_row_threads(gpu):
 
 
 class _Plan(NamedTuple):
-    family: int          # _ROWS, _TILES, _ROW_BATCHES, _ONE_ROW, _STREAMED or _GRADIENT
+    family: int          # _ROWS, _TILES, _ROW_BATCHES, _ONE_ROW, _STREAMED, _GRADIENT or _FUSED
     evict_first: bool    # how the logits are loaded (_evict_first)
     grid: int            # CTAs
     group: int           # threads per item (a row, or a segment of one); the one-row kernel's CTA
@@ -2614,14 +2851,19 @@ class _Plan(NamedTuple):
 
 
 def _plan(rows, cols, row_stride, elem_bytes, gpu, offset=0, weighted=False, smoothed=False, probs=False, class_stride=1,
-          capped=False):
+          capped=False, fuse=False):
     """The launch plan for (rows, cols) logits of elem_bytes each, rows row_stride elements apart,
     the first one `offset` bytes past the 16-byte grid, on `gpu` (a _Gpu); `weighted`: with class
     weights; `smoothed`: with label smoothing, which only tiles and whole rows in registers with
     evict-first loads compute ("Options"); `probs`: probability targets; class_stride: elements from
     a class to the next (above 1 for inputs (N, C, d1, ..., dk), whose rows are sample positions);
     `capped`: soft-capped logits. Those, and weights with label smoothing, take the streamed family
-    ("Streamed rows")."""
+    ("Streamed rows"). `fuse`: the logits alone require grad; the fused family takes contiguous rows
+    of class indices on the 16-byte grid that fit its registers (_fused_plan)."""
+    if fuse and not probs and class_stride == 1 and (row_stride == cols or rows == 1) and not offset:
+        fused = _fused_plan(rows, cols, elem_bytes, gpu)
+        if fused:
+            return fused
     if probs or class_stride > 1 or (weighted and smoothed) or capped:
         return _streamed_shape(rows, cols, elem_bytes, gpu, class_stride, offset, probs)
     family = _family(rows, cols, row_stride, elem_bytes, gpu, offset, weighted, smoothed)
@@ -2702,6 +2944,19 @@ def _gradient_plan(rows, cols, elem_bytes, gpu, class_stride):
     group = 1 if class_stride > 1 else min(32, _pow2_at_least(-(-cols // (16 // elem_bytes * _GRADIENT_VECS))))
     grid = max(1, min(_max_grid(_GRADIENT, gpu), -(-rows // (_THREADS // group))))
     return _Plan(_GRADIENT, False, grid, group, chunks=0)
+
+
+def _fused_plan(rows, cols, elem_bytes, gpu):
+    """The fused family's launch ("The fused step"), or None where a row does not fit
+    a CTA's registers: `group` lanes a row, the fewest, from a warp up, that hold its vectors at
+    _FUSED_VECS each (half as many on sm_75, as its kernel takes them); a chunk is a CTA's rows; every
+    CTA that fits, or as many as there are chunks."""
+    per_lane = _FUSED_VECS // 2 if gpu.cc < 80 else _FUSED_VECS
+    group = max(32, _pow2_at_least(-(-cols // (16 // elem_bytes * per_lane))))
+    if group > _THREADS:
+        return None
+    chunks = -(-rows // (_THREADS // group))
+    return _Plan(_FUSED, False, max(1, min(_max_grid(_FUSED, gpu), chunks)), group, chunks)
 
 
 def _pow2_at_least(x):
@@ -2908,11 +3163,11 @@ def _gpu(device_index):
 
 @functools.lru_cache(maxsize=1024)
 def _plan_on(device_index, rows, cols, row_stride, elem_bytes, offset, weighted=False, smoothed=False, probs=False,
-             class_stride=1, capped=False):
+             class_stride=1, capped=False, fuse=False):
     """_plan on GPU device_index, cached: the host's time per call shows in KernelBench's timing
     (see _cross_entropy). A test that changes the policy clears it."""
     return _plan(rows, cols, row_stride, elem_bytes, _gpu(device_index), offset, weighted, smoothed, probs,
-                 class_stride, capped)
+                 class_stride, capped, fuse)
 
 
 # =============================================================================================
@@ -2955,7 +3210,8 @@ _PARAMS = (
     ("losses", "void*", "Q", "reduction none: a loss per row, in the logits' dtype"),
     ("weight", "const void*", "Q", "class weights, C of the logits' dtype; null: none"),
     ("weight_exact", "unsigned long long*", "Q", "weighted: the counted rows' weights' exact sum"),
-    ("lse", "float*", "Q", "every row's log-sum-exp; null: not asked for"),
+    ("row_state", "float2*", "Q", "every row's (m, s), its max and sum of exp: its log-sum-exp m + log s, which "
+                                  "the gradient reads; null: not asked"),
     ("z_loss", "float", "f", "adds z_loss * lse^2 to each counted row's loss"),
     ("label_smoothing", "float", "f", "eps: label smoothing's share of each row's loss"),
     ("smoothing_per_class", "float", "f", "eps / C"),
@@ -2968,10 +3224,13 @@ _PARAMS = (
     # The gradient's (kFamilyGradient).
     ("grad", "void*", "Q", "d loss / d logits, the logits' dtype, rows grad_row_stride elements apart"),
     ("grad_row_stride", "long long", "q", "... (the logits' class_stride and the same positions)"),
-    ("grad_out", "const float*", "Q", "the loss's incoming gradient (the mean's over its divisor): one, or one a row"),
+    ("grad_out", "float*", "Q", "the loss's incoming gradient (the mean's over its divisor): one, or one a row; "
+                                "a fused launch of the mean stores 1 / divisor there first"),
     ("grad_lse", "const float*", "Q", "the log-sum-exp's incoming gradient, one a row; null: none"),
     ("weight_total", "const float*", "Q", "the class weights' sum, where label smoothing weighs every class"),
     ("grad_probs", "void*", "Q", "d loss / d probabilities, their dtype, laid out as grad; null: not asked"),
+    ("grad_in", "const float*", "Q", "after a fused forward: the loss's incoming gradient as given (grad_out's shape); "
+                                     "rows where it is 1 hold theirs. null: none"),
 )
 _Params = namedtuple("_Params", [name for name, *_ in _PARAMS])
 _PARAMS_STRUCT = struct.Struct("@" + "".join(code for _, _, code, _ in _PARAMS) + "0q")  # padded as C pads
@@ -3150,10 +3409,14 @@ def _first_bad_target(targets, cols, ignore_index):
 # 90 us queued ahead of both: host work that outlasts the flush shows in the time ("Build and host
 # time"). So the dispatch reads each tensor attribute once, plans once per problem (_plan_on), and
 # asks torch for the raw stream handle.
-def _cross_entropy(logits, targets, options, check_targets=False):
-    """The loss, and (options.return_lse) every row's log-sum-exp."""
+def _cross_entropy(logits, targets, options, check_targets=False, train=False, fuse=False):
+    """The loss, and (options.return_lse) every row's log-sum-exp. `train`: the forward of a loss
+    that trains: (loss, state, dx, scale) comes back, state every row's (m, s) (rows x 2, float32: the
+    gradient's input, and the log-sum-exp's: _lse), and where `fuse` (the logits alone require grad)
+    and the fused family took the problem, dx the gradient for an incoming 1 and scale the mean's
+    1 / divisor it used (None for the sum and none); else both None."""
     probs = _check_inputs(logits, targets)
-    shape = logits.shape
+    shape, original = logits.shape, logits
     logits, targets, class_stride, rows, result_dtype = _as_rows(logits, targets, probs)
     cols = logits.shape[1]
     row_stride = logits.stride(0)  # from a sample's first logit to the next's
@@ -3171,7 +3434,7 @@ def _cross_entropy(logits, targets, options, check_targets=False):
         raise ValueError(f"label smoothing, softcap, probability targets and inputs (N, C, d1, ..., dk) take at most "
                          f"{_MAX_SEG} classes; got {cols}")
     plan = _plan_on(index, rows, cols, row_stride, elem_bytes, logits_ptr % 16, weight is not None, smoothing != 0,
-                    probs, class_stride, softcap != 0)
+                    probs, class_stride, softcap != 0, fuse)
     exact_off, weight_off, seg_off, nbytes = _workspace_layout(plan, rows)
     stream = _current_stream(index)
     # Held until the launch: inside graph capture it is not cached, and a buffer freed there would be
@@ -3182,7 +3445,13 @@ def _cross_entropy(logits, targets, options, check_targets=False):
     # reduction none: a loss per row, which the kernel writes instead of the result
     out = torch.empty(() if reduction != "none" else (rows,), dtype=result_dtype, device=logits.device)
     out_ptr = out.data_ptr()
-    lse = torch.empty(rows, dtype=torch.float32, device=logits.device) if options.return_lse else None
+    keep_state = train or options.return_lse
+    state = torch.empty((rows, 2), dtype=torch.float32, device=logits.device) if keep_state else None
+    dx = scale = weight_total = None
+    if plan.family == _FUSED:  # the gradient, and where the launch stores the mean's 1 / divisor
+        dx = _empty_gradient(original, logits.dtype)
+        scale = torch.empty((), dtype=torch.float32, device=logits.device) if reduction == "mean" else None
+        weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing else None
     params = _Params(
         logits=logits_ptr, targets=0 if probs else targets.data_ptr(), out=out_ptr, counter=base,
         ignored_rows=base + 8, exact=base + exact_off, seg_partials=base + seg_off, rows=rows, cols=cols,
@@ -3193,20 +3462,25 @@ def _cross_entropy(logits, targets, options, check_targets=False):
         lead_256=plan.lead_256, evict_first=plan.evict_first, stream=stream,
         ignore_index=options.ignore_index, reduction=_REDUCTIONS[reduction],
         losses=out_ptr if reduction == "none" else 0, weight=0 if weight is None else weight.data_ptr(),
-        weight_exact=base + weight_off, lse=0 if lse is None else lse.data_ptr(), z_loss=options.z_loss,
+        weight_exact=base + weight_off, row_state=0 if state is None else state.data_ptr(), z_loss=options.z_loss,
         label_smoothing=smoothing, smoothing_per_class=smoothing / cols,
         probs=targets.data_ptr() if probs else 0, probs_stride=targets.stride(0) if probs else 0,
         class_stride=class_stride, probs_dtype=_DTYPE_CODES[targets.dtype] if probs else _CLASS_INDICES,
-        softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=0, grad_row_stride=0,
-        grad_out=0, grad_lse=0, weight_total=0, grad_probs=0)
+        softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0,
+        grad=0 if dx is None else dx.data_ptr(), grad_row_stride=cols, grad_out=0 if scale is None else scale.data_ptr(),
+        grad_lse=0, weight_total=0 if weight_total is None else weight_total.data_ptr(), grad_probs=0, grad_in=0)
     (_ext if options is _DEFAULTS and not streamed else _options_extension()).launch(_PARAMS_STRUCT.pack(*params))
-    if len(shape) != 2 and (reduction == "none" or lse is not None):  # per row: back to the samples' shape
-        positions = shape[:1] + shape[2:] if len(shape) > 1 else ()
-        out = out.reshape(positions) if reduction == "none" else out
-        lse = lse.reshape(positions) if lse is not None else None
-    if lse is None:
-        return out
-    return out, lse
+    if len(shape) != 2 and reduction == "none":  # per row: back to the samples' shape
+        out = out.reshape(shape[:1] + shape[2:] if len(shape) > 1 else ())
+    if train:
+        return out, state, dx, scale
+    return (out, _lse(state, shape)) if options.return_lse else out
+
+
+def _lse(state, shape):
+    """Every row's log-sum-exp, m + log s, from the rows' (m, s), in the samples' shape (of logits of
+    `shape`): the kernels store the pair, which the gradient reads, and not the sum."""
+    return (state[:, 0] + state[:, 1].log()).reshape(shape[:1] + shape[2:] if len(shape) > 1 else ())
 
 
 def _as_rows(logits, targets, probs):
@@ -3303,20 +3577,23 @@ def _check_targets_from_env():
 
 
 # =============================================================================================
-# The gradient: the forward saves every row's log-sum-exp, and the backward reads the logits once
-# more and writes d loss / d logits once (the gradient family). Eager calls go through an
-# autograd.Function; torch.compile sees two custom operators, one opaque node each, with the same
-# formula registered for autograd. (A custom operator's eager dispatch costs the host several times
-# an autograd.Function's: pytorch/pytorch#176592.)
-def _cross_entropy_backward(grad, grad_lse, logits, targets, options, lse, probs_grad=False):
+# The gradient: the forward saves every row's (m, s), and the backward reads the logits once more and
+# writes d loss / d logits once (the gradient family). Eager calls go through an autograd.Function,
+# whose forward, where the logits alone train and the fused family takes them, writes the gradient
+# for an incoming 1 in the same launch as the loss: the backward then rewrites only the rows whose
+# incoming gradient is not 1. torch.compile sees two custom operators, one opaque node each, with the
+# same formula registered for autograd, and no fused launch. (A custom operator's eager dispatch costs
+# the host several times an autograd.Function's: pytorch/pytorch#176592.)
+def _cross_entropy_backward(grad, grad_lse, logits, targets, options, state, probs_grad=False, written=None):
     """(d loss / d logits, d loss / d targets or None): grad, the loss's incoming gradient (its
-    shape); grad_lse, the log-sum-exp's (or None); lse, the forward's; probs_grad: also the
-    probability targets' gradient."""
+    shape); grad_lse, the log-sum-exp's (or None); state, the forward's (m, s) a row; probs_grad: also the
+    probability targets' gradient; written: the fused forward's (dx, scale) (_cross_entropy's), whose
+    rows stand where grad is 1 and no grad_lse reaches them."""
     probs = targets.dtype.is_floating_point
     shape, target_dtype = logits.shape, targets.dtype
     x, t, class_stride, rows, _ = _as_rows(logits, targets, probs)
     cols = x.shape[1]
-    dx = _empty_gradient(logits, x.dtype)
+    dx = written[0] if written else _empty_gradient(logits, x.dtype)
     dq = _empty_gradient(logits, t.dtype) if probs and probs_grad else None
 
     def as_rows(g):  # the kernel's view: rows of C, or (strided classes) the (N, C, d1, ..., dk) itself
@@ -3327,9 +3604,9 @@ def _cross_entropy_backward(grad, grad_lse, logits, targets, options, lse, probs
     weight, smoothing, softcap = options.weight, options.label_smoothing, options.softcap
     weight = weight.contiguous() if weight is not None else None
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing and not probs else None
-    grad_out = grad.reshape(-1).float().contiguous()
+    grad_in = grad_out = grad.reshape(-1).float().contiguous()
     if options.reduction == "mean":  # over the mean's divisor, on the device: no host synchronization
-        grad_out = grad_out / (rows if probs else _counted(t, weight, options.ignore_index))
+        grad_out = grad_in * written[1] if written else grad_in / (rows if probs else _counted(t, weight, options.ignore_index))
     grad_lse = grad_lse.reshape(-1).float().contiguous() if grad_lse is not None else None
     index = x.get_device()
     plan = _gradient_plan(rows, cols, x.element_size(), _gpu(index), class_stride)
@@ -3338,7 +3615,7 @@ def _cross_entropy_backward(grad, grad_lse, logits, targets, options, lse, probs
         target_stride=t.stride(0) if rows and not probs else 1, group=plan.group, target_bytes=t.element_size(),
         family=_GRADIENT, dtype=_DTYPE_CODES[x.dtype], grid=plan.grid, device=index,
         stream=_current_stream(index), ignore_index=options.ignore_index, reduction=_REDUCTIONS[options.reduction],
-        weight=0 if weight is None else weight.data_ptr(), lse=lse.data_ptr(), z_loss=options.z_loss,
+        weight=0 if weight is None else weight.data_ptr(), row_state=state.data_ptr(), z_loss=options.z_loss,
         label_smoothing=smoothing, smoothing_per_class=smoothing / cols, probs=t.data_ptr() if probs else 0,
         probs_stride=t.stride(0) if probs else 0, class_stride=class_stride,
         probs_dtype=_DTYPE_CODES[t.dtype] if probs else _CLASS_INDICES, softcap=softcap,
@@ -3346,7 +3623,7 @@ def _cross_entropy_backward(grad, grad_lse, logits, targets, options, lse, probs
         grad_row_stride=as_rows(dx).stride(0), grad_out=grad_out.data_ptr(),
         grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),
         weight_total=0 if weight_total is None else weight_total.data_ptr(),
-        grad_probs=0 if dq is None else dq.data_ptr())
+        grad_probs=0 if dq is None else dq.data_ptr(), grad_in=grad_in.data_ptr() if written else 0)
     if rows:
         _options_extension().launch(_PARAMS_STRUCT.pack(*params))
     return dx, None if dq is None else dq.to(target_dtype)
@@ -3378,21 +3655,27 @@ _NO_PARAMS = _Params._make(0 for _ in _PARAMS)  # a launch's fields that it leav
 def _forward_saved(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
                    reduction: str, label_smoothing: float, z_loss: float, softcap: float,
                    check_targets: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(loss, lse): the loss and what its gradient reads."""
+    """(loss, state): the loss and every row's (m, s), what the gradient reads (and the log-sum-exp's:
+    _lse, whose gradient reaches the state's first column)."""
+    options = _saved_options(input, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    return _cross_entropy(input, target, options, check_targets, train=True)[:2]
+
+
+def _saved_options(input, weight, ignore_index, reduction, label_smoothing, z_loss, softcap):
+    """The options of a forward whose loss trains."""
     cols = input.shape[1] if input.dim() > 1 else input.shape[0]
     if cols > _MAX_SEG:
         raise ValueError(f"the gradient takes at most {_MAX_SEG} classes; got {cols}")
-    options = _Options(weight, ignore_index, reduction, z_loss, True, label_smoothing, softcap)
-    return _cross_entropy(input, target, options, check_targets)
+    return _Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap)
 
 
 def _backward(grad: torch.Tensor, grad_lse: Optional[torch.Tensor], input: torch.Tensor, target: torch.Tensor,
-              weight: Optional[torch.Tensor], lse: torch.Tensor, ignore_index: int, reduction: str,
+              weight: Optional[torch.Tensor], state: torch.Tensor, ignore_index: int, reduction: str,
               label_smoothing: float, z_loss: float, softcap: float,
               target_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """(d loss / d input, d loss / d target): the latter empty unless target_grad."""
     options = _Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap)
-    dx, dq = _cross_entropy_backward(grad, grad_lse, input, target, options, lse, target_grad)
+    dx, dq = _cross_entropy_backward(grad, grad_lse, input, target, options, state, target_grad)
     return dx, dq if dq is not None else input.new_empty(0)
 
 
@@ -3403,17 +3686,26 @@ def _save_for_gradient(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no work for it
 
 
-def _gradient(ctx, grad, grad_lse, backward):
-    """The gradients of the forward's inputs, by `backward` (_backward, or its operator)."""
+def _gradient(ctx, grad, grad_state, backward, written=None):
+    """The gradients of the forward's inputs, by `backward` (_backward, or its operator), or where
+    the fused forward wrote the gradient for an incoming 1 (written: its dx and scale, eager calls'
+    alone) by _cross_entropy_backward from there. grad_state: the state's, whose first column, m's,
+    is the log-sum-exp's (_lse)."""
     if torch.is_grad_enabled():
         raise RuntimeError("cross_entropy's gradient has no gradient of its own: double backward (create_graph=True "
                            "through the loss) is not supported")
-    input, target, weight, lse = ctx.saved_tensors
+    input, target, weight, state = ctx.saved_tensors
+    grad_lse = grad_state[:, 0] if grad_state is not None else None
     if grad is None:  # only the log-sum-exp reached the result
         grad = torch.zeros((), dtype=torch.float32, device=input.device)
         if ctx.options[1] == "none":
-            grad = grad.expand(lse.shape)
-    dx, dq = backward(grad, grad_lse, input, target, weight, lse, *ctx.options, ctx.needs_input_grad[1])
+            grad = grad.expand(state.shape[:1])
+    if written:
+        ignore_index, reduction, label_smoothing, z_loss, softcap = ctx.options
+        options = _Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap)
+        dx, dq = _cross_entropy_backward(grad, grad_lse, input, target, options, state, written=written)
+    else:
+        dx, dq = backward(grad, grad_lse, input, target, weight, state, *ctx.options, ctx.needs_input_grad[1])
     return dx if ctx.needs_input_grad[0] else None, dq if ctx.needs_input_grad[1] else None, *[None] * 7
 
 
@@ -3422,13 +3714,19 @@ class _Loss(torch.autograd.Function):
     setup_context, apply binds every call's arguments to forward's signature ("The gradient")."""
     @staticmethod
     def forward(ctx, *inputs):
-        output = _forward_saved(*inputs)
-        _save_for_gradient(ctx, inputs, output)
-        return output
+        input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, check_targets = inputs
+        options = _saved_options(input, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+        # Where the logits alone train, the launch may write their gradient too.
+        fuse = ctx.needs_input_grad[0] and not ctx.needs_input_grad[1]
+        loss, state, dx, scale = _cross_entropy(input, target, options, check_targets, train=True, fuse=fuse)
+        _save_for_gradient(ctx, inputs, (loss, state))
+        ctx.written = (dx, scale) if dx is not None else None
+        return loss, state
 
     @staticmethod
-    def backward(ctx, grad, grad_lse):
-        return _gradient(ctx, grad, grad_lse, _backward)
+    def backward(ctx, grad, grad_state):
+        written, ctx.written = ctx.written, None  # a second backward (retain_graph) writes the gradient anew
+        return _gradient(ctx, grad, grad_state, _backward, written)
 
 
 _forward_op = torch.library.custom_op("kb95::cross_entropy", _forward_saved, mutates_args=())
@@ -3441,17 +3739,17 @@ def _forward_shapes(input, target, weight, ignore_index, reduction, label_smooth
     positions = input.shape[:1] + input.shape[2:] if input.dim() > 1 else ()
     dtype = torch.float32 if probs and target.dtype != input.dtype else input.dtype
     return (input.new_empty(positions if reduction == "none" else (), dtype=dtype),
-            input.new_empty(positions, dtype=torch.float32))
+            input.new_empty((math.prod(positions), 2), dtype=torch.float32))
 
 
 @_backward_op.register_fake
-def _backward_shapes(grad, grad_lse, input, target, weight, lse, ignore_index, reduction, label_smoothing, z_loss,
+def _backward_shapes(grad, grad_lse, input, target, weight, state, ignore_index, reduction, label_smoothing, z_loss,
                      softcap, target_grad):
     dq = _empty_gradient(input, target.dtype) if target_grad else input.new_empty(0)
     return _empty_gradient(input, input.dtype), dq
 
 
-_forward_op.register_autograd(lambda ctx, grad, grad_lse: _gradient(ctx, grad, grad_lse, _backward_op),
+_forward_op.register_autograd(lambda ctx, grad, grad_state: _gradient(ctx, grad, grad_state, _backward_op),
                               setup_context=_save_for_gradient)
 
 
@@ -3464,10 +3762,10 @@ def _loss(input, target, options, check_targets):
     wants_grad = getattr(input, "requires_grad", False) or getattr(target, "requires_grad", False)
     if not compiling and not (wants_grad and torch.is_grad_enabled()):
         return _cross_entropy(input, target, options, check_targets)
-    loss, lse = (_forward_op if compiling else _Loss.apply)(
+    loss, state = (_forward_op if compiling else _Loss.apply)(
         input, target, options.weight, options.ignore_index, options.reduction, options.label_smoothing, options.z_loss,
         options.softcap, check_targets)
-    return (loss, lse) if options.return_lse else loss
+    return (loss, _lse(state, input.shape)) if options.return_lse else loss
 
 
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, z_loss=0.0,

@@ -114,10 +114,10 @@ def test_the_float64_reference_is_pytorchs(reduction, ignore_index):
 def test_the_options_build_keeps_the_default_builds_fields_in_place():
     """Its fields come last, and only its source reads them (kOptions)."""
     names = [name for name, *_ in model_new._PARAMS]
-    assert names[-21:] == ["ignore_index", "reduction", "losses", "weight", "weight_exact", "lse", "z_loss",
-                           "label_smoothing", "smoothing_per_class", "probs", "probs_stride", "class_stride",
+    assert names[-22:] == ["ignore_index", "reduction", "losses", "weight", "weight_exact", "row_state",
+                           "z_loss", "label_smoothing", "smoothing_per_class", "probs", "probs_stride", "class_stride",
                            "probs_dtype", "softcap", "softcap_rate", "grad", "grad_row_stride", "grad_out",
-                           "grad_lse", "weight_total", "grad_probs"]
+                           "grad_lse", "weight_total", "grad_probs", "grad_in"]
     assert "constexpr bool kOptions = false;" in model_new._cuda_source()
     assert "constexpr bool kOptions = true;" in model_new._cuda_source(options=True)
 
