@@ -14,8 +14,9 @@ compute capability 7.5 (T4) or newer.
 Both train: on logits (or probability targets) that require grad, under grad mode, the forward also
 saves every row's max and sum of exp, and loss.backward() runs the options build's gradient kernel,
 every option included. Where the logits alone train and their rows of class indices fit a CTA's
-registers, one launch writes the loss and the gradient (the fused family), and the backward leaves
-that gradient as it is where the incoming gradient is 1. torch.compile sees custom operators
+registers, one kernel writes the loss and the gradient (the fused family; for the mean, a small one
+counts the divisor just before it), and the backward leaves that gradient as it is where the incoming
+gradient is 1. torch.compile sees custom operators
 (kb95::cross_entropy and its backward), so a model compiles with fullgraph=True.
 
 One launch reads every logit once and writes nothing of size N x C: each row is reduced to
@@ -2151,7 +2152,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
 // Contiguous classes: `group` lanes of a warp take a row, 16-byte vectors where the logits, the
 // gradient and the probabilities share their 16-byte grid (the next batch of them in flight while
 // this one is written), element by element elsewhere; strided classes: a thread a position, so that
-// neighbouring threads read and write neighbouring positions. A row's scalars (target, lse, incoming
+// neighbouring threads read and write neighbouring positions. A row's scalars (target, (m, s), incoming
 // gradients) are loaded a row ahead, and its first batch before its class weight: no row waits on a
 // chain of loads before its stream starts. After the fused family's forward (Params::grad_in), rows
 // whose gradient it wrote for an incoming 1 are left as they are; the rest are written anew from the
@@ -3221,7 +3222,7 @@ _PARAMS = (
     ("probs_dtype", "int", "i", "kFloat32, the logits' dtype, or kClassIndices"),
     ("softcap", "float", "f", "streamed: each logit x read as softcap * tanh(x / softcap); 0: as it is"),
     ("softcap_rate", "float", "f", "... 2 log2(e) / softcap"),
-    # The gradient's (kFamilyGradient).
+    # The gradient's (kFamilyGradient); the fused family's too: grad, grad_row_stride, grad_out, weight_total.
     ("grad", "void*", "Q", "d loss / d logits, the logits' dtype, rows grad_row_stride elements apart"),
     ("grad_row_stride", "long long", "q", "... (the logits' class_stride and the same positions)"),
     ("grad_out", "float*", "Q", "the loss's incoming gradient (the mean's over its divisor): one, or one a row; "
