@@ -3470,7 +3470,8 @@ def _cross_entropy(logits, targets, options, check_targets=False, train=False, f
         softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0,
         grad=0 if dx is None else dx.data_ptr(), grad_row_stride=cols, grad_out=0 if scale is None else scale.data_ptr(),
         grad_lse=0, weight_total=0 if weight_total is None else weight_total.data_ptr(), grad_probs=0, grad_in=0)
-    (_ext if options is _DEFAULTS and not streamed else _options_extension()).launch(_PARAMS_STRUCT.pack(*params))
+    default_build = options is _DEFAULTS and not streamed and not keep_state  # row_state: the options build's
+    (_ext if default_build else _options_extension()).launch(_PARAMS_STRUCT.pack(*params))
     if len(shape) != 2 and reduction == "none":  # per row: back to the samples' shape
         out = out.reshape(shape[:1] + shape[2:] if len(shape) > 1 else ())
     if train:
@@ -3675,7 +3676,7 @@ def _backward(grad: torch.Tensor, grad_lse: Optional[torch.Tensor], input: torch
               label_smoothing: float, z_loss: float, softcap: float,
               target_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """(d loss / d input, d loss / d target): the latter empty unless target_grad."""
-    options = _Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap)
+    options = _saved_options(input, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
     dx, dq = _cross_entropy_backward(grad, grad_lse, input, target, options, state, target_grad)
     return dx, dq if dq is not None else input.new_empty(0)
 
@@ -3683,7 +3684,7 @@ def _backward(grad: torch.Tensor, grad_lse: Optional[torch.Tensor], input: torch
 def _save_for_gradient(ctx, inputs, output):
     input, target, weight, *options, _ = inputs
     ctx.save_for_backward(input, target, weight, output[1])
-    ctx.options = options  # ignore_index, reduction, label_smoothing, z_loss, softcap
+    ctx.options = options  # ignore_index, reduction, label_smoothing, z_loss, softcap: _saved_options' order
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no work for it
 
 
@@ -3702,8 +3703,7 @@ def _gradient(ctx, grad, grad_state, backward, written=None):
         if ctx.options[1] == "none":
             grad = grad.expand(state.shape[:1])
     if written:
-        ignore_index, reduction, label_smoothing, z_loss, softcap = ctx.options
-        options = _Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap)
+        options = _saved_options(input, weight, *ctx.options)
         dx, dq = _cross_entropy_backward(grad, grad_lse, input, target, options, state, written=written)
     else:
         dx, dq = backward(grad, grad_lse, input, target, weight, state, *ctx.options, ctx.needs_input_grad[1])
