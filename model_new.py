@@ -3481,8 +3481,9 @@ def _cross_entropy(logits, targets, options, check_targets=False, train=False, f
 
 def _lse(state, shape):
     """Every row's log-sum-exp, m + log s, from the rows' (m, s), in the samples' shape (of logits of
-    `shape`): the kernels store the pair, which the gradient reads, and not the sum."""
-    return (state[:, 0] + state[:, 1].log()).reshape(shape[:1] + shape[2:] if len(shape) > 1 else ())
+    `shape`): the kernels store the pair, which the gradient reads, and not the sum. Its gradient
+    reaches m's column alone, which the backward reads as the log-sum-exp's: s's is not formed."""
+    return (state[:, 0] + state[:, 1].detach().log()).reshape(shape[:1] + shape[2:] if len(shape) > 1 else ())
 
 
 def _as_rows(logits, targets, probs):
