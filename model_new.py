@@ -14,9 +14,9 @@ compute capability 7.5 (T4) or newer.
 Both train: on logits (or probability targets) that require grad, under grad mode, the forward also
 saves every row's max and sum of exp, and loss.backward() runs the options build's gradient kernel,
 every option included. Where the logits alone train and their rows of class indices fit a CTA's
-registers, one kernel writes the loss and the gradient (the fused family; for the mean, a small one
-counts the divisor just before it), and the backward leaves that gradient as it is where the incoming
-gradient is 1. torch.compile sees custom operators
+registers (from sm_90 on, a thread-block cluster's, up to 16 CTAs), one kernel writes the loss and the
+gradient (the fused family; for the mean, a small one counts the divisor just before it), and the
+backward leaves that gradient as it is where the incoming gradient is 1. torch.compile sees custom operators
 (kb95::cross_entropy and its backward), so a model compiles with fullgraph=True.
 
 One launch reads every logit once and writes nothing of size N x C: each row is reduced to
@@ -75,7 +75,8 @@ _CUDA_SRC = r"""
 // And for training, in the options build: the gradient, which from every row's (m, s), saved by
 // the forward, reads the logits once more and writes d loss / d logits once, for every option; and
 // the fused family, which where the logits require grad and rows of class indices fit a CTA's
-// registers writes the gradient from the registers that hold each row, beside its loss.
+// registers (or a cluster's, sm_90 on) writes the gradient from the registers that hold each row,
+// beside its loss.
 // All but one row share the rest: CTAs take chunks of work (rows, a tile, a batch), first two
 // each by their index, then claimed from a counter, so that SMs that stream faster take more and
 // the grid still sweeps the tensor front to back (ChunkClaims). Each chunk's losses are summed in a
@@ -494,6 +495,86 @@ __device__ Total cta_sum(Total v, Total* scratch) {
 
 __device__ __forceinline__ void group_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// A thread-block cluster (sm_90 on): the CTA's rank in it, the cluster's place in the grid and the
+// grid's clusters, and the barrier of all its threads. Outside a cluster launch each CTA is a cluster
+// of one; before sm_90 no kernel reaches these. (Unused where the build has no fused family.)
+[[maybe_unused]] __device__ __forceinline__ unsigned int cluster_rank() {
+  unsigned int rank = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+#endif
+  return rank;
+}
+[[maybe_unused]] __device__ __forceinline__ unsigned int cluster_index() {
+  unsigned int index = blockIdx.x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("mov.u32 %0, %%clusterid.x;" : "=r"(index));
+#endif
+  return index;
+}
+[[maybe_unused]] __device__ __forceinline__ unsigned int cluster_count() {
+  unsigned int count = gridDim.x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("mov.u32 %0, %%nclusterid.x;" : "=r"(count));
+#endif
+  return count;
+}
+[[maybe_unused]] __device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// Stores into peers' shared memory, counted on arrival: a CTA's `arrivals` barrier (an mbarrier of one
+// arrival) expects a phase's bytes, each peer's store (st.async) counts its own off as it lands, and
+// the CTA's threads wait for the phase to complete. A cluster barrier a row would cost more: its
+// release waits for every store the thread has in flight to global memory (MEMBAR.GPU), the gradient's.
+[[maybe_unused]] __device__ __forceinline__ uint32_t shared_address(const void* shared) {
+  return uint32_t(__cvta_generic_to_shared(shared));
+}
+[[maybe_unused]] __device__ __forceinline__ uint32_t peer_address(const void* shared, unsigned int rank) {
+  uint32_t peer = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(peer) : "r"(shared_address(shared)), "r"(rank));
+#endif
+  return peer;
+}
+// Then a cluster barrier, before any peer stores.
+[[maybe_unused]] __device__ __forceinline__ void init_arrivals(uint64_t* arrivals) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;" ::"r"(shared_address(arrivals))
+               : "memory");
+#endif
+}
+[[maybe_unused]] __device__ __forceinline__ void expect_bytes(uint64_t* arrivals, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n\t}"
+               ::"r"(shared_address(arrivals)), "r"(bytes) : "memory");
+#endif
+}
+[[maybe_unused]] __device__ __forceinline__ void store_to_peer(float4* shared, unsigned int rank, float4 v,
+                                                               uint64_t* arrivals) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+               ::"r"(peer_address(shared, rank)), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(peer_address(arrivals, rank))
+               : "memory");
+#endif
+}
+[[maybe_unused]] __device__ __forceinline__ void store_to_peer(long long* shared, unsigned int rank, long long v,
+                                                               uint64_t* arrivals) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
+               ::"r"(peer_address(shared, rank)), "l"(v), "r"(peer_address(arrivals, rank)) : "memory");
+#endif
+}
+[[maybe_unused]] __device__ __forceinline__ void wait_arrivals(uint64_t* arrivals, unsigned int phase) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n\t.reg .pred done;\n\tWAIT_%=:\n\t"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t@!done bra WAIT_%=;\n\t}"
+               ::"r"(shared_address(arrivals)), "r"(phase) : "memory");
+#endif
 }
 
 // ------------------------------------------------------------------ targets
@@ -2364,7 +2445,9 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
 
 // ================================================================== family: loss and gradient fused
 // Training's forward, where the logits require grad and are contiguous rows of class indices that fit
-// the registers of a CTA: each row is loaded once into the registers of its group (`group` lanes, a
+// the registers of a CTA, or from sm_90 on of a thread-block cluster (kClustered: up to
+// kFusedClusterCtas CTAs, equal shares of the row, their (m, s) exchanged through distributed shared
+// memory): each row is loaded once into the registers of its group (`group` lanes, a
 // power of two from a warp to the CTA, kFusedVecs 16-byte vectors a lane at most and an edge element),
 // reduced there to its (m, s) and Gap, which every lane of the group then holds, and from the same
 // registers come its loss (summed as every family sums, to the exact sum) and its gradient, by the
@@ -2376,11 +2459,35 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
 // gradient may be written over the logits. Overlap comes from the CTAs an SM holds: while one
 // reduces, the others' loads are in flight.
 
+// (m, s) and Gap merged from n shares, share(i) a float4 (m, s, Gap), in the same order wherever
+// they are merged, so that every lane that merges them holds the same bits. Not unrolled: a count
+// known at compile time (the CTA's warps) unrolled into loads that took the row's registers.
+template <class Share>
+__device__ __forceinline__ void merge_shares(Lse& st, Gap& gap, bool smooth, int n, Share share) {
+  float m = -INFINITY;
+#pragma unroll 1
+  for (int i = 0; i < n; ++i) m = fmaxf(m, share(i).x);
+  const float base = safe_base(m);
+  float s = 0.f;
+  Gap all = {0.f, 0.f};
+#pragma unroll 1
+  for (int i = 0; i < n; ++i) {
+    const float4 o = share(i);
+    s += o.y * exp2_approx((o.x - base) * kLog2e);  // +inf max: inf - inf = NaN, as in PyTorch
+    if (smooth) all = {all.sum + gap_rebase({o.z, o.w}, safe_base(o.x), base).sum, all.weight + o.w};
+  }
+  st = {m, s};
+  gap = all;
+}
+
 // The merged (m, s) and Gap of `group` lanes, in every lane: within a warp by butterflies, across
-// warps through a float4 per warp in `state`, which every lane of the group reads in the same order.
+// warps through a float4 per warp in `state`, which every lane of the group reads in the same order;
+// where a cluster's `ctas` CTAs hold the row, across them through `cta_states`, a float4 per CTA,
+// which each CTA stores into every CTA's, counted on `arrivals` (the row's `phase` of it).
 // (Unused where the build has no fused family.)
 [[maybe_unused]] __device__ __forceinline__ void group_share(Lse& st, Gap& gap, bool smooth, int group, int group_id,
-                                                             float4* state) {
+                                                             float4* state, int ctas, float4* cta_states,
+                                                             uint64_t* arrivals, unsigned int phase) {
   const float lane_base = safe_base(st.m);
   const int width = min(group, 32);
   lse_reduce_lanes(st, width);
@@ -2389,28 +2496,30 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
   const int warp = threadIdx.x >> 5, first = warp & ~((group >> 5) - 1);
   if ((threadIdx.x & 31) == 0) state[warp] = make_float4(st.m, st.s, gap.sum, gap.weight);
   group_barrier(1 + group_id, group);
-  float m = -INFINITY;
-  for (int w = first; w < first + (group >> 5); ++w) m = fmaxf(m, state[w].x);
-  const float base = safe_base(m);
-  float s = 0.f;
-  Gap all = {0.f, 0.f};
-  for (int w = first; w < first + (group >> 5); ++w) {
-    const float4 o = state[w];
-    s += o.y * exp2_approx((o.x - base) * kLog2e);  // +inf max: inf - inf = NaN, as in PyTorch
-    if (smooth) all = {all.sum + gap_rebase({o.z, o.w}, safe_base(o.x), base).sum, all.weight + o.w};
-  }
-  st = {m, s};
-  gap = all;
+  merge_shares(st, gap, smooth, group >> 5, [&](int w) { return state[first + w]; });
+  if (ctas == 1) return;
+  if (threadIdx.x < ctas)
+    store_to_peer(&cta_states[cluster_rank()], threadIdx.x, make_float4(st.m, st.s, gap.sum, gap.weight), arrivals);
+  wait_arrivals(arrivals, phase);
+  merge_shares(st, gap, smooth, ctas, [&](int rank) { return cta_states[rank]; });
 }
 
-template <class L>
+template <class L, bool kClustered>
 __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_kernel(const Params p) {
   constexpr int kVecs = kSm75 ? kFusedVecs / 2 : kFusedVecs;  // sm_75's emulated bf16 spilled at kFusedVecs
   using S = typename L::Storage;
   __shared__ float4 warp_state[2][kWarps];  // group_share's, by chunk parity
+  __shared__ float4 cta_states[2][kFusedClusterCtas];  // ... and where a cluster holds the row, its CTAs'
   __shared__ float warp_sums[2][kChunkSums];
-  __shared__ long long claimed[2];
-  const int group = p.group, lane = threadIdx.x & (group - 1), group_id = threadIdx.x / group;
+  __shared__ long long claimed[2], cluster_claimed[2];
+  __shared__ uint64_t arrivals[2];  // where a cluster holds the row: its CTAs' shares and claim, counted
+  // `group` lanes of a CTA take a row, from a warp to the CTA; kClustered, each of a cluster's `ctas`
+  // CTAs takes an equal share of the row's vectors, in the order of their ranks (no CTA waits on a
+  // fuller one), and a chunk is a row. (An instance of its own: the cluster's variables cost the
+  // CTA's rows registers they did not have.)
+  const int group = kClustered ? kThreads : p.group, lane = threadIdx.x & (group - 1);
+  const int group_id = kClustered ? 0 : threadIdx.x / group, ctas = kClustered ? p.group / kThreads : 1;
+  const bool first_cta = cluster_rank() == 0, leader = lane == 0 && first_cta;  // leader: the row's first lane
   const int cols = int(p.cols);
   const bool smooth = smoothing(p), class_weights = weighted(p) && smooth;  // where a share reads w_j
   auto row_of = [&](long long chunk) { return chunk * (kThreads / group) + group_id; };
@@ -2419,11 +2528,23 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     return row < p.rows ? load_target_words(p, row) : TargetWords{0u, 0u};
   };
   ChunkClaims claims;
+  if (kClustered) {  // the cluster is the claiming unit: its first CTA claims, each CTA reads the claim there
+    claims.chunk = cluster_index();
+    claims.next = cluster_count() + claims.chunk;
+    if (threadIdx.x == 0) init_arrivals(&arrivals[0]), init_arrivals(&arrivals[1]);
+    cluster_barrier();
+  }
   TargetWords next_target = load_target(claims.chunk);
   unsigned int ignored = 0;  // group leaders: the rows of ignore_index they met
 
-  for (int parity = 0; claims.chunk < p.chunks; parity ^= 1) {  // the same in every thread
-    const unsigned int claim = claims.claim(p.counter + 1);
+  for (unsigned int step = 0; claims.chunk < p.chunks; ++step) {  // the same in every thread
+    // Shared slots by the step's parity; an arrivals barrier's phase flips each second step.
+    const int parity = step & 1;
+    if (kClustered && threadIdx.x == 0) expect_bytes(&arrivals[parity], ctas * sizeof(float4) + sizeof(long long));
+    const unsigned int claim = first_cta ? claims.claim(p.counter + 1) : 0u;
+    if (kClustered && leader)  // into each CTA's shared memory, there after group_share's wait
+      for (int rank = 0; rank < ctas; ++rank)
+        store_to_peer(&cluster_claimed[parity], rank, 2ll * cluster_count() + claim, &arrivals[parity]);
     const long long row = row_of(claims.chunk);
     const bool live = row < p.rows;
     const TargetWords target = next_target;
@@ -2431,8 +2552,13 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     const long long code = live ? target_code(p, target_value(p, target)) : kTargetIgnored;
     const S* x_row = static_cast<const S*>(p.logits) + row * p.row_stride;
     S* dx_row = static_cast<S*>(p.grad) + row * p.grad_row_stride;
-    const Aligned cut = live ? align_stretch<L>(x_row, cols) : Aligned{0, 0};
-    const int nedge = live ? cols - cut.nvec * L::kPerVec : 0;  // fewer than 2 kPerVec: one a lane
+    Aligned cut = live ? align_stretch<L>(x_row, cols) : Aligned{0, 0};
+    const int nedge = live && first_cta ? cols - cut.nvec * L::kPerVec : 0;  // fewer than 2 kPerVec: one a lane
+    const int edge = lane < nedge ? edge_element<L>(cut, lane) : -1;
+    if (kClustered) {  // from here on, this CTA's share of the vectors (none past the row's)
+      const int share = (cut.nvec + ctas - 1) / ctas, first = int(cluster_rank()) * share;
+      cut = {cut.head + first * L::kPerVec, min(share, cut.nvec - first)};
+    }
     // The row: every load issued before any is used.
     const uint4* x_vecs = reinterpret_cast<const uint4*>(x_row + cut.head);
     const uint4 neg_inf = neg_inf_vec<L>();
@@ -2442,10 +2568,9 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
       const int v = lane + u * group;
       xb[u] = v < cut.nvec ? x_vecs[v] : neg_inf;
     }
-    const int edge = lane < nedge ? edge_element<L>(cut, lane) : -1;
     const float x_edge = edge >= 0 ? load_scalar<L>(x_row + edge) : -INFINITY;  // as loaded: the gradient caps it
     float x_t = 0.f;
-    if (lane == 0 && code >= 0) x_t = logit<L>(p, load_scalar<L>(x_row + code));
+    if (leader && code >= 0) x_t = logit<L>(p, load_scalar<L>(x_row + code));
 
     // The lane's (m, s) and Gap against its own max, then the group's.
     // The cap rises with x: the capped max is the raw max capped.
@@ -2473,7 +2598,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     else add_exps(weight_of);
     if (edge >= 0) exp_and_gap(logit<L>(p, x_edge), base, weight_of(edge), s, gap);
     Lse st = {m, s};
-    group_share(st, gap, smooth, group, group_id, warp_state[parity]);
+    group_share(st, gap, smooth, group, group_id, warp_state[parity], ctas, cta_states[parity], &arrivals[parity],
+                step >> 1 & 1);
 
     // The target's class weight, every lane's (the gradient's target share reads it): loaded here,
     // where it holds no register while the row is reduced.
@@ -2481,7 +2607,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
 
     // The loss, in the group's leader, as every family finishes a row.
     float loss = 0.f, weight = 0.f;
-    if (live && lane == 0) {
+    if (live && leader) {
       const float outcome = row_outcome<L>(p, row, code, st, x_t, w_t, gap);
       if (code == kTargetIgnored) {
         ++ignored;
@@ -2516,8 +2642,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     };
     if (weightless) write_gradient(no_weight);
     else write_gradient(weight_of);
-    end_chunk(p, true, loss, weight, group, warp_sums[parity], claims, claim, &claimed[parity]);
-    claims.advance(&claimed[parity]);
+    end_chunk(p, true, loss, weight, group, warp_sums[parity], claims, kClustered ? 0u : claim, &claimed[parity]);
+    claims.advance(kClustered ? &cluster_claimed[parity] : &claimed[parity]);
   }
 
   if (!arrive_last(p, ignored, true)) return;
@@ -2593,14 +2719,36 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_divisor
   }
 }
 
+// Rows longer than a CTA holds: clusters of p.group / kThreads CTAs, past the portable 8 where the
+// host's policy allows it. Not for soft-capped logits: the cap's arithmetic left the cluster's
+// instance a register short. A failed call leaves its error to cudaGetLastError.
+template <class E>
+void launch_fused_cluster(const Params& p) {
+  const unsigned int ctas = p.group / kThreads;
+  if (ctas > 8) cudaFuncSetAttribute(cross_entropy_fused_kernel<E, true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = ctas;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(p.grid);
+  config.blockDim = dim3(kThreads);
+  config.stream = p.stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, cross_entropy_fused_kernel<E, true>, p);
+}
+
 template <class E>
 void launch_fused(const Params& p) {
   if (p.reduction == kReductionMean) {
     const long long blocks = (p.rows + kThreads - 1) / kThreads;  // at least one: no rows, and the divisor is 0
     cross_entropy_divisor_kernel<E><<<int(blocks < 1 ? 1 : blocks < p.grid ? blocks : p.grid), kThreads, 0, p.stream>>>(p);
   }
-  if (p.softcap != 0.f) cross_entropy_fused_kernel<SoftCapped<E>><<<p.grid, kThreads, 0, p.stream>>>(p);
-  else cross_entropy_fused_kernel<E><<<p.grid, kThreads, 0, p.stream>>>(p);
+  if (p.softcap != 0.f) cross_entropy_fused_kernel<SoftCapped<E>, false><<<p.grid, kThreads, 0, p.stream>>>(p);
+  else if (p.group > kThreads) launch_fused_cluster<E>(p);
+  else cross_entropy_fused_kernel<E, false><<<p.grid, kThreads, 0, p.stream>>>(p);
 }
 
 // ================================================================== the launch
@@ -2681,8 +2829,11 @@ void launch_cross_entropy(const std::string& block) {
                      (p.probs_dtype == kClassIndices || p.probs_dtype == kFloat32 || p.probs_dtype == p.dtype) &&
                      (p.family != kFamilyStreamed || p.class_stride == 1 || p.group == 1 || p.group == kQuad) &&
                      (p.family != kFamilyGradient || (p.group >= 1 && p.group <= 32 && (p.group & (p.group - 1)) == 0)) &&
-                     (p.family != kFamilyFused || (p.group >= 32 && p.group <= kThreads && (p.group & (p.group - 1)) == 0 &&
-                                                    p.probs_dtype == kClassIndices && p.class_stride == 1));
+                     (p.family != kFamilyFused ||
+                      (p.group >= 32 && p.group <= kThreads * kFusedClusterCtas && (p.group & (p.group - 1)) == 0 &&
+                       (p.group <= kThreads || (p.softcap == 0.f && p.grid % (p.group / kThreads) == 0)) &&
+                       p.probs_dtype == kClassIndices &&
+                       p.class_stride == 1));
   if (!known) throw std::invalid_argument("cross-entropy launch: unknown kernel family or dtype");
   int previous = 0;
   cudaGetDevice(&previous);
@@ -2758,7 +2909,9 @@ _QUAD = 4                 # strided class indices: neighbouring positions a thre
 _QUAD_CLASSES = 8         # ... their classes copied to shared memory this many at a time ...
 _QUAD_STAGE_BYTES = 32 << 10  # ... in stages of at most this many bytes a CTA ("Streamed rows")
 _GRADIENT_VECS = 4        # the gradient's 16-byte vectors a lane at a time ("The gradient")
-_FUSED_VECS = 8           # the fused family's 16-byte vectors a lane at most, its row in registers ("The fused step")
+_FUSED_VECS = 8           # the fused family's 16-byte vectors a lane at most, its row in registers ...
+_FUSED_CLUSTER_CTAS = 16  # ... and a cluster's CTAs at most where a row takes more than a CTA: sm_90's non-portable
+                          # size; the portable 8 on later GPUs, none before sm_90 ("The gradient")
 
 _KERNEL_CONSTANTS = {
     "kThreads": _THREADS, "kCtasPerSm": _CTAS_PER_SM, "kCtasPerSmMoreRegisters": _CTAS_PER_SM_MORE_REGISTERS,
@@ -2767,7 +2920,7 @@ _KERNEL_CONSTANTS = {
     "kOneRowThreads": _ONE_ROW_THREADS, "kOneRowThreadsSm75": _ONE_ROW_THREADS_SM75, "kExactWords": _EXACT_WORDS,
     "kFamilyRows": _ROWS, "kFamilyTiles": _TILES, "kFamilyRowBatches": _ROW_BATCHES, "kFamilyOneRow": _ONE_ROW,
     "kFamilyStreamed": _STREAMED, "kFamilyGradient": _GRADIENT, "kGradientVecs": _GRADIENT_VECS,
-    "kFamilyFused": _FUSED, "kFusedVecs": _FUSED_VECS,
+    "kFamilyFused": _FUSED, "kFusedVecs": _FUSED_VECS, "kFusedClusterCtas": _FUSED_CLUSTER_CTAS,
     "kClassIndices": _CLASS_INDICES, "kStreamVecs": _STREAM_VECS, "kQuad": _QUAD,
     "kQuadClasses": _QUAD_CLASSES, "kQuadStageBytes": _QUAD_STAGE_BYTES,
     "kVectorSweeps": _VECTOR_SWEEPS, "kElementSweeps": _ELEMENT_SWEEPS, "kPairSweeps": _PAIR_SWEEPS,
@@ -2862,7 +3015,7 @@ def _plan(rows, cols, row_stride, elem_bytes, gpu, offset=0, weighted=False, smo
     ("Streamed rows"). `fuse`: the logits alone require grad; the fused family takes contiguous rows
     of class indices on the 16-byte grid that fit its registers (_fused_plan)."""
     if fuse and not probs and class_stride == 1 and (row_stride == cols or rows == 1) and not offset:
-        fused = _fused_plan(rows, cols, elem_bytes, gpu)
+        fused = _fused_plan(rows, cols, elem_bytes, gpu, capped)
         if fused:
             return fused
     if probs or class_stride > 1 or (weighted and smoothed) or capped:
@@ -2947,17 +3100,20 @@ def _gradient_plan(rows, cols, elem_bytes, gpu, class_stride):
     return _Plan(_GRADIENT, False, grid, group, chunks=0)
 
 
-def _fused_plan(rows, cols, elem_bytes, gpu):
-    """The fused family's launch ("The fused step"), or None where a row does not fit
-    a CTA's registers: `group` lanes a row, the fewest, from a warp up, that hold its vectors at
-    _FUSED_VECS each (half as many on sm_75, as its kernel takes them); a chunk is a CTA's rows; every
-    CTA that fits, or as many as there are chunks."""
+def _fused_plan(rows, cols, elem_bytes, gpu, capped=False):
+    """The fused family's launch ("The gradient"), or None where a row does not fit registers:
+    `group` lanes a row, the fewest, from a warp up, that hold its vectors at _FUSED_VECS each (half as
+    many on sm_75, as its kernel takes them); a chunk is a CTA's rows; every CTA that fits, or as many
+    as there are chunks. From sm_90 on, a row of more than a CTA's lanes takes the same lanes of each
+    CTA of a cluster (_FUSED_CLUSTER_CTAS at most), and a chunk is a row; not where the logits are
+    `capped` (the kernel's soft-capped instance has no cluster form)."""
     per_lane = _FUSED_VECS // 2 if gpu.cc < 80 else _FUSED_VECS
     group = max(32, _pow2_at_least(-(-cols // (16 // elem_bytes * per_lane))))
-    if group > _THREADS:
+    ctas = max(1, group // _THREADS)
+    if ctas > (1 if gpu.cc < 90 or capped else _FUSED_CLUSTER_CTAS if gpu.cc == 90 else 8):
         return None
-    chunks = -(-rows // (_THREADS // group))
-    return _Plan(_FUSED, False, max(1, min(_max_grid(_FUSED, gpu), chunks)), group, chunks)
+    chunks = -(-rows // max(1, _THREADS // group))
+    return _Plan(_FUSED, False, max(1, min(_max_grid(_FUSED, gpu) // ctas, chunks)) * ctas, group, chunks)
 
 
 def _pow2_at_least(x):

@@ -20,10 +20,10 @@ PTXAS = os.path.join(os.path.dirname(os.path.realpath(NVCC)), "ptxas") if NVCC e
 # the streamed family: plain or soft-capped logits x contiguous or strided classes x (class indices,
 # probabilities of the logits' dtype, float32 probabilities: one instance with the second for
 # float32 logits), and the gradient, in the same instances; and the fused family, plain or soft-capped
-# logits, with its divisor's kernel, one a dtype.
+# logits and plain ones held by a cluster, with its divisor's kernel, one a dtype.
 INSTANCES = {"rows": 3 * 2 * 3, "tiles": 3 * 2 * 3 * 2, "row_batches": 3 * 2 * 2, "one_row": 3}
 OPTIONS_INSTANCES = {**INSTANCES, "streamed": 2 * 2 * (2 + 3 + 3), "gradient": 2 * 2 * (2 + 3 + 3),
-                     "fused": 3 * 2, "divisor": 3}
+                     "fused": 3 * 3, "divisor": 3}
 FAMILY_CODES = {"rows": model_new._ROWS, "tiles": model_new._TILES, "row_batches": model_new._ROW_BATCHES,
                 "one_row": model_new._ONE_ROW, "streamed": model_new._STREAMED,
                 "gradient": model_new._GRADIENT, "fused": model_new._FUSED,

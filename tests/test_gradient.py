@@ -34,8 +34,9 @@ OPTIONS = {
 }
 PROBS_OPTIONS = {k: v for k, v in OPTIONS.items() if "ignore_index" not in v}
 # Rows of vectors and edges, a warp a row and fewer lanes, one class, one row, none; the fused
-# family takes those, and rows longer than its registers hold go to the gradient family.
-SHAPES = [(64, 1000), (33, 4099), (300, 7), (5, 1), (1, 4096), (0, 9), (3, 16411)]
+# family takes those, rows longer than a CTA's registers hold take a cluster's (from sm_90 on: 2 to 16
+# CTAs), and rows longer still, or soft-capped ones past a CTA, go to the gradient family.
+SHAPES = [(64, 1000), (33, 4099), (300, 7), (5, 1), (1, 4096), (0, 9), (3, 16411), (3, 70001)]
 # (N, C, d1, ..., dk): strided classes, odd positions, one class.
 POSITION_SHAPES = [(2, 5, 3, 4), (3, 21, 17), (4, 1, 5)]
 
@@ -148,21 +149,28 @@ def test_the_gradient_policy(gpu):
 def test_the_fused_policy(gpu):
     """Where the logits train, contiguous rows of class indices on the 16-byte grid that fit a CTA's
     registers take the fused family: the fewest lanes from a warp up that hold a row at _FUSED_VECS
-    vectors each (half as many on sm_75: the T4); every other problem the forward's own plan."""
+    vectors each (half as many on sm_75: the T4). From sm_90 on, longer rows take a cluster's CTAs, a
+    row a chunk, up to 16 CTAs on sm_90 and 8 after it, none for soft-capped logits; every other
+    problem the forward's own plan."""
     on = GPU_PLANS[gpu]
     ctas = model_new._max_grid(model_new._FUSED, on)
-    # (rows, cols, element bytes, group from sm_80 on, group on sm_75); 0: not fused
-    for rows, cols, elem_bytes, group, group_t4 in [
-            (32768, 4096, 4, 128, 256), (32768, 4096, 2, 64, 128), (65536, 1000, 2, 32, 32), (300, 7, 4, 32, 32),
-            (1, 8192, 4, 256, 0), (4096, 16384, 2, 256, 0), (4096, 8192, 2, 128, 256), (3, 8193, 4, 0, 0),
-            (16384, 32000, 2, 0, 0)]:
-        group = group_t4 if gpu == "T4" else group
+    # (rows, cols, element bytes, group on sm_90, on sm_100, on sm_75); 0: not fused
+    for rows, cols, elem_bytes, *groups in [
+            (32768, 4096, 4, 128, 128, 256), (32768, 4096, 2, 64, 64, 128), (65536, 1000, 2, 32, 32, 32),
+            (300, 7, 4, 32, 32, 32), (1, 8192, 4, 256, 256, 0), (4096, 16384, 2, 256, 256, 0),
+            (4096, 8192, 2, 128, 128, 256), (3, 8193, 4, 512, 512, 0), (16384, 32000, 2, 512, 512, 0),
+            (8192, 128256, 2, 2048, 2048, 0), (4096, 256000, 2, 4096, 0, 0), (2, 600000, 2, 0, 0, 0)]:
+        group = groups[["H100", "B200", "T4"].index(gpu)]
         plan = model_new._plan(rows, cols, cols, elem_bytes, on, fuse=True)
         if not group:
             assert plan.family != model_new._FUSED and plan == model_new._plan(rows, cols, cols, elem_bytes, on)
             continue
         assert plan.family == model_new._FUSED and plan.group == group, (rows, cols, plan)
-        assert plan.chunks == -(-rows // (model_new._THREADS // group)) and plan.grid == min(ctas, plan.chunks), plan
+        cluster = max(1, group // model_new._THREADS)
+        assert plan.chunks == -(-rows // max(1, model_new._THREADS // group)), plan
+        assert plan.grid == min(ctas // cluster, plan.chunks) * cluster, plan
+        capped = model_new._plan(rows, cols, cols, elem_bytes, on, capped=True, fuse=True)
+        assert (capped.family == model_new._FUSED) == (cluster == 1), capped
     for args, options in [((64, 1000, 1000, 4), {"probs": True}), ((64, 1000, 1000, 4), {"class_stride": 7}),
                           ((64, 1000, 1000, 4), {"offset": 4}), ((64, 1000, 1003, 4), {})]:
         assert model_new._plan(*args, on, fuse=True, **options).family != model_new._FUSED, (args, options)
