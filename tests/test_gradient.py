@@ -10,6 +10,7 @@ from cases import DTYPES, logits, views
 from cases import expected_loss as expected
 from conftest import requires_cuda
 from plans import GPU_PLANS, H100
+from test_options import assert_close
 from test_streamed import probabilities
 from test_streamed import class_targets as streamed_targets
 
@@ -61,14 +62,19 @@ def incoming(loss, scale):
     return torch.randn_like(loss)
 
 
+def float64_loss(x64, t64, options):
+    """The float64 reference's loss for float64 logits and probabilities (or class indices)."""
+    weight = options.get("weight")
+    return expected(x64, t64, options.get("ignore_index", -100), options.get("reduction", "mean"),
+                    None if weight is None else weight.double(), options.get("z_loss", 0.0),
+                    options.get("label_smoothing", 0.0), options.get("softcap"))
+
+
 def float64_gradients(x, t, grad, options, lse_grad=None):
     """d loss / d x (and d loss / d t for probabilities) of the float64 reference, by autograd."""
     x64 = x.detach().double().requires_grad_()
     t64 = t.detach().double().requires_grad_() if t.is_floating_point() else t
-    weight = options.get("weight")
-    loss = expected(x64, t64, options.get("ignore_index", -100), options.get("reduction", "mean"),
-                    None if weight is None else weight.double(), options.get("z_loss", 0.0),
-                    options.get("label_smoothing", 0.0), options.get("softcap"))
+    loss = float64_loss(x64, t64, options)
     total = (loss * grad.double()).sum()
     if lse_grad is not None:
         cap = options.get("softcap")
@@ -93,12 +99,15 @@ def assert_gradient(got, want, dtype, case=None):
 
 
 def check_gradient(x, t, options, scale=1.0, lse_grad=False):
-    """cross_entropy's gradients through autograd against float64's, for logits x and targets t."""
+    """cross_entropy's loss and its gradients through autograd against float64's, for logits x and
+    targets t."""
     x = x.detach().requires_grad_()
     probs = t.is_floating_point()
     t = t.detach().requires_grad_() if probs else t
     out = model_new.cross_entropy(x, t, **options, return_lse=lse_grad)
     loss, lse = out if lse_grad else (out, None)
+    want_loss = float64_loss(x.detach().double(), t.detach().double() if probs else t, options)
+    assert_close(loss.detach(), want_loss, loss.dtype)
     grad = incoming(loss, scale)
     lse_incoming = torch.randn_like(lse) if lse_grad else None
     if lse_grad:
@@ -219,10 +228,12 @@ def test_the_operators_are_registered_with_their_autograd():
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("name", OPTIONS)
 def test_class_index_gradients(dtype, name):
+    """An incoming 1 keeps the gradient a fused forward wrote; 0.7 has the backward write it anew."""
     for rows, cols in SHAPES:
         options = reference_options(OPTIONS[name], cols, dtype)
         t = class_targets((rows, cols), cols, options.get("ignore_index", -100))
-        check_gradient(logits(rows, cols, dtype), t, options, scale=0.7)
+        for scale in (1.0, 0.7):
+            check_gradient(logits(rows, cols, dtype), t, options, scale=scale)
 
 
 @requires_cuda
