@@ -17,7 +17,8 @@ every option included. Where the logits alone train and their rows of class indi
 registers (from sm_90 on, a thread-block cluster's, up to 16 CTAs), one kernel writes the loss and the
 gradient (the fused family; for the mean, a small one counts the divisor just before it), and the
 backward leaves that gradient as it is where the incoming gradient is 1. torch.compile sees custom operators
-(kb95::cross_entropy and its backward), so a model compiles with fullgraph=True.
+(kb95::cross_entropy and its backward; kb95_1:: and on for later loads of this file in one process), so a
+model compiles with fullgraph=True.
 
 One launch reads every logit once and writes nothing of size N x C: each row is reduced to
 (max, sum of exp) in fp32, the target logit picked out on the way; the losses are summed exactly,
