@@ -888,6 +888,19 @@ __device__ __forceinline__ float row_outcome(const Params& p, long long row, lon
   return finish_row<E>(p, row, code, st, log_s, loss);
 }
 
+// A finished row in its group's leader, for the chunk's sums: its loss (row_outcome's) and class
+// weight where it counts; a row of ignore_index adds to the rows the mean's divisor leaves out.
+// (Unused where the build has no streamed family.)
+[[maybe_unused]] __device__ __forceinline__ void count_row(long long code, float outcome, float w_t, float& loss,
+                                                           float& weight, unsigned int& ignored) {
+  if (code == kTargetIgnored) {
+    ++ignored;
+  } else {
+    loss = outcome;
+    weight = w_t;
+  }
+}
+
 // ================================================================== family: rows in registers
 // Long rows (4096 x 32000, 8192 x 128256), and any row the other families do not take. `group`
 // consecutive threads (a power of two, up to a CTA) reduce one item, a row or one of `splits`
@@ -2198,13 +2211,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
         const float log_s = logf(st.s);
         loss = finish_row<O>(p, row, 0, st, log_s, fmaf(gap.weight, log_s, gap.sum));
       } else {
-        const float outcome = row_outcome<E>(p, row, code, st, x_t, w_t, gap);
-        if (code == kTargetIgnored) {
-          ++ignored;
-        } else {
-          loss = outcome;
-          weight = w_t;
-        }
+        count_row(code, row_outcome<E>(p, row, code, st, x_t, w_t, gap), w_t, loss, weight, ignored);
       }
     }
     end_chunk(p, true, loss, weight, group, warp_sums[parity], claims, claim, &claimed[parity]);
@@ -2608,15 +2615,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
 
     // The loss, in the group's leader, as every family finishes a row.
     float loss = 0.f, weight = 0.f;
-    if (live && leader) {
-      const float outcome = row_outcome<L>(p, row, code, st, x_t, w_t, gap);
-      if (code == kTargetIgnored) {
-        ++ignored;
-      } else {
-        loss = outcome;
-        weight = w_t;
-      }
-    }
+    if (live && leader) count_row(code, row_outcome<L>(p, row, code, st, x_t, w_t, gap), w_t, loss, weight, ignored);
 
     // The gradient, from the registers (the gradient kernel's factors, with g and l as above).
     // g and the weights' sum, loaded again for each row (from L1): held across the loop, one spilled.
