@@ -530,8 +530,9 @@ __device__ __forceinline__ void group_barrier(int id, int threads) {
 
 // Stores into peers' shared memory, counted on arrival: a CTA's `arrivals` barrier (an mbarrier of one
 // arrival) expects a phase's bytes, each peer's store (st.async) counts its own off as it lands, and
-// the CTA's threads wait for the phase to complete. A cluster barrier a row would cost more: its
-// release waits for every store the thread has in flight to global memory (MEMBAR.GPU), the gradient's.
+// the CTA's threads wait for the phase to complete (acquiring, at the cluster's scope, what the peers'
+// stores released there). A cluster barrier a row would cost more: its release waits for every store
+// the thread has in flight to global memory (MEMBAR.GPU), the gradient's.
 [[maybe_unused]] __device__ __forceinline__ uint32_t shared_address(const void* shared) {
   return uint32_t(__cvta_generic_to_shared(shared));
 }
@@ -573,7 +574,7 @@ __device__ __forceinline__ void group_barrier(int id, int threads) {
 [[maybe_unused]] __device__ __forceinline__ void wait_arrivals(uint64_t* arrivals, unsigned int phase) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("{\n\t.reg .pred done;\n\tWAIT_%=:\n\t"
-               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t@!done bra WAIT_%=;\n\t}"
+               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t@!done bra WAIT_%=;\n\t}"
                ::"r"(shared_address(arrivals)), "r"(phase) : "memory");
 #endif
 }

@@ -2,6 +2,8 @@
 reference; no gradient work without one; double backward refused; torch.compile with fullgraph,
 CUDA graphs, determinism and a training run beside eager PyTorch's. On the CPU, the gradient's
 launch policy and its fields in the parameter block."""
+import re
+
 import pytest
 import torch
 
@@ -302,6 +304,33 @@ def test_the_fused_forward_writes_the_gradient_and_the_backward_keeps_it(dtype):
                        torch.randn(256, device="cuda")).to(dtype)
     losses.backward(grad)
     assert_gradient(x.grad, float64_gradients(x, t, grad, options)[0], dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_clusters_take_row_after_row(dtype):
+    """Rows held by a thread-block cluster (sm_90 on), many to a cluster: the claims it sends between
+    its CTAs, both parities of their shared slots and the arrival barriers' phases, at 2 to 16 CTAs a
+    row; the cluster's instance is the one launched."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("clusters hold rows from sm_90 on; this GPU takes them in two kernels")
+    for rows, cols in [(1000, 16411), (300, 70001)]:
+        x = logits(rows, cols, dtype)
+        plan = model_new._fused_plan(rows, cols, x.element_size(), model_new._gpu(x.get_device()))
+        if plan is None and cols > 16411:  # past 8 CTAs: sm_90's alone
+            continue
+        ctas = plan.group // model_new._THREADS
+        assert ctas > 1 and plan.chunks >= 3 * plan.grid // ctas, plan  # past each cluster's first two rows
+        t = class_targets((rows, cols), cols)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            model_new.cross_entropy(x.detach().requires_grad_(), t)
+            torch.cuda.synchronize()
+        assert [e.name for e in prof.events() if re.search(r"cross_entropy_fused_kernel<.*, true>", e.name)], \
+            [e.name for e in prof.events()]
+        for name in ("defaults", "ignore_index", "weight, label smoothing", "z_loss"):
+            options = reference_options(OPTIONS[name], cols, dtype)
+            check_gradient(x, class_targets((rows, cols), cols, options.get("ignore_index", -100)), options)
+        check_gradient(x, t, {"reduction": "none"})
 
 
 @requires_cuda
