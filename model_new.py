@@ -2551,9 +2551,6 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     const int parity = step & 1;
     if (kClustered && threadIdx.x == 0) expect_bytes(&arrivals[parity], ctas * sizeof(float4) + sizeof(long long));
     const unsigned int claim = first_cta ? claims.claim(p.counter + 1) : 0u;
-    if (kClustered && leader)  // into each CTA's shared memory, there after group_share's wait
-      for (int rank = 0; rank < ctas; ++rank)
-        store_to_peer(&cluster_claimed[parity], rank, 2ll * cluster_count() + claim, &arrivals[parity]);
     const long long row = row_of(claims.chunk);
     const bool live = row < p.rows;
     const TargetWords target = next_target;
@@ -2580,6 +2577,11 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     const float x_edge = edge >= 0 ? load_scalar<L>(x_row + edge) : -INFINITY;  // as loaded: the gradient caps it
     float x_t = 0.f;
     if (leader && code >= 0) x_t = logit<L>(p, load_scalar<L>(x_row + code));
+    // The claim, into each CTA's shared memory, there after group_share's wait. Sent behind the row's
+    // loads: it waits for the claim's atomic, and nothing of the leader's may pass it.
+    if (kClustered && leader)
+      for (int rank = 0; rank < ctas; ++rank)
+        store_to_peer(&cluster_claimed[parity], rank, 2ll * cluster_count() + claim, &arrivals[parity]);
 
     // The lane's (m, s) and Gap against its own max, then the group's.
     // The cap rises with x: the capped max is the raw max capped.
