@@ -2501,7 +2501,10 @@ __device__ __forceinline__ void merge_shares(Lse& st, Gap& gap, bool smooth, int
   const int width = min(group, 32);
   lse_reduce_lanes(st, width);
   if (smooth) gap = gap_lanes_sum(gap_rebase(gap, lane_base, safe_base(st.m)), width);
-  if (group <= 32) return;
+  if (group <= 32) {  // the leader's load of the target's logit before the other lanes' gradient, which
+    __syncwarp();     // may be written over the logits (as the barriers below order it for larger groups)
+    return;
+  }
   const int warp = threadIdx.x >> 5, first = warp & ~((group >> 5) - 1);
   if ((threadIdx.x & 31) == 0) state[warp] = make_float4(st.m, st.s, gap.sum, gap.weight);
   group_barrier(1 + group_id, group);
@@ -2722,6 +2725,29 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_divisor
   }
 }
 
+// ================================================================== family: the gradient scaled in place
+// Where the forward wrote the gradient over the logits (inplace), the backward has no logits to read:
+// each row holds its gradient for an incoming 1, which is linear in it, and a row whose incoming
+// gradient g is not 1 is multiplied by g (a 16-bit gradient so rounds twice). Rows as the gradient
+// family lays them out, `group` lanes a row; where one g serves every row and it is 1, nothing to do.
+template <class E>
+__global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_scale_kernel(const Params p) {
+  using S = typename E::Storage;
+  const bool per_row = p.reduction == kReductionNone;
+  if (!per_row && *p.grad_in == 1.f) return;
+  const int group = p.group, lane = threadIdx.x & (group - 1);
+  const long long stride = p.class_stride;
+  for (long long row = (long long)blockIdx.x * (kThreads / group) + threadIdx.x / group; row < p.rows;
+       row += (long long)gridDim.x * (kThreads / group)) {
+    const float g = p.grad_in[per_row ? row : 0];
+    if (g == 1.f) continue;
+    const long long n = row / stride, s = row - n * stride;
+    S* dx_row = static_cast<S*>(p.grad) + n * p.grad_row_stride + s;
+#pragma unroll 4
+    for (long long j = lane; j < p.cols; j += group) E::store(dx_row + j * stride, load_scalar<E>(dx_row + j * stride) * g);
+  }
+}
+
 // Rows longer than a CTA holds: clusters of p.group / kThreads CTAs, past the portable 8 where the
 // host's policy allows it. Not for soft-capped logits: the cap's arithmetic left the cluster's
 // instance a register short. A failed call leaves its error to cudaGetLastError.
@@ -2800,6 +2826,7 @@ void launch_for_family(const Params& p) {
     if (p.family == kFamilyStreamed) return launch_streamed<E>(p);
     if (p.family == kFamilyGradient) return launch_gradient<E>(p);
     if (p.family == kFamilyFused) return launch_fused<E>(p);
+    if (p.family == kFamilyScale) return void(cross_entropy_scale_kernel<E><<<p.grid, kThreads, 0, p.stream>>>(p));
   }
   if (p.target_bytes == 8) launch_for_loads<E, long long>(p);
   else launch_for_loads<E, int>(p);
@@ -2824,14 +2851,15 @@ void launch_cross_entropy(const std::string& block) {
   Params p;
   if (block.size() != sizeof p) throw std::invalid_argument("cross-entropy launch: the parameter block has the wrong size");
   std::memcpy(&p, block.data(), sizeof p);
-  const bool options_family =
-      kOptions && (p.family == kFamilyStreamed || p.family == kFamilyGradient || p.family == kFamilyFused);
+  const bool options_family = kOptions && (p.family == kFamilyStreamed || p.family == kFamilyGradient ||
+                                            p.family == kFamilyFused || p.family == kFamilyScale);
   const bool known = (p.family == kFamilyRows || p.family == kFamilyTiles || p.family == kFamilyRowBatches ||
                       p.family == kFamilyOneRow || options_family) &&
                      (p.dtype == kFloat32 || p.dtype == kBFloat16 || p.dtype == kFloat16) &&
                      (p.probs_dtype == kClassIndices || p.probs_dtype == kFloat32 || p.probs_dtype == p.dtype) &&
                      (p.family != kFamilyStreamed || p.class_stride == 1 || p.group == 1 || p.group == kQuad) &&
-                     (p.family != kFamilyGradient || (p.group >= 1 && p.group <= 32 && (p.group & (p.group - 1)) == 0)) &&
+                     ((p.family != kFamilyGradient && p.family != kFamilyScale) ||
+                      (p.group >= 1 && p.group <= 32 && (p.group & (p.group - 1)) == 0 && p.class_stride >= 1)) &&
                      (p.family != kFamilyFused ||
                       (p.group >= 32 && p.group <= kThreads * kFusedClusterCtas && (p.group & (p.group - 1)) == 0 &&
                        (p.group <= kThreads || (p.softcap == 0.f && p.grid % (p.group / kThreads) == 0)) &&
@@ -2901,7 +2929,7 @@ _FAST_MEMORY_L2S = 3              # ... and row batches and fp32 evict-first row
 _IGNORE_INDEX = -100      # PyTorch's default: the default build skips it, the options build any other
 _REDUCTIONS = {"mean": 0, "sum": 1, "none": 2}
 
-_ROWS, _TILES, _ROW_BATCHES, _ONE_ROW, _STREAMED, _GRADIENT, _FUSED = range(7)  # the kernel families
+_ROWS, _TILES, _ROW_BATCHES, _ONE_ROW, _STREAMED, _GRADIENT, _FUSED, _SCALE = range(8)  # the kernel families
 _VECTOR_SWEEPS, _ELEMENT_SWEEPS, _PAIR_SWEEPS = range(3)  # how the tiles' kernel reduces a row (_sweeps)
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _FLOAT32 = torch.finfo(torch.float32)
@@ -2923,7 +2951,7 @@ _KERNEL_CONSTANTS = {
     "kOneRowThreads": _ONE_ROW_THREADS, "kOneRowThreadsSm75": _ONE_ROW_THREADS_SM75, "kExactWords": _EXACT_WORDS,
     "kFamilyRows": _ROWS, "kFamilyTiles": _TILES, "kFamilyRowBatches": _ROW_BATCHES, "kFamilyOneRow": _ONE_ROW,
     "kFamilyStreamed": _STREAMED, "kFamilyGradient": _GRADIENT, "kGradientVecs": _GRADIENT_VECS,
-    "kFamilyFused": _FUSED, "kFusedVecs": _FUSED_VECS, "kFusedClusterCtas": _FUSED_CLUSTER_CTAS,
+    "kFamilyFused": _FUSED, "kFamilyScale": _SCALE, "kFusedVecs": _FUSED_VECS, "kFusedClusterCtas": _FUSED_CLUSTER_CTAS,
     "kClassIndices": _CLASS_INDICES, "kStreamVecs": _STREAM_VECS, "kQuad": _QUAD,
     "kQuadClasses": _QUAD_CLASSES, "kQuadStageBytes": _QUAD_STAGE_BYTES,
     "kVectorSweeps": _VECTOR_SWEEPS, "kElementSweeps": _ELEMENT_SWEEPS, "kPairSweeps": _PAIR_SWEEPS,
@@ -2965,6 +2993,7 @@ _CTA_SHARED_BYTES = {
     _STREAMED: 1024,
     _GRADIENT: 1024,
     _FUSED: 1024,
+    _SCALE: 1024,
 }
 
 
@@ -3569,15 +3598,20 @@ def _first_bad_target(targets, cols, ignore_index):
 # 90 us queued ahead of both: host work that outlasts the flush shows in the time ("Build and host
 # time"). So the dispatch reads each tensor attribute once, plans once per problem (_plan_on), and
 # asks torch for the raw stream handle.
-def _cross_entropy(logits, targets, options, check_targets=False, train=False, fuse=False):
+def _cross_entropy(logits, targets, options, check_targets=False, train=False, fuse=False, inplace=False):
     """The loss, and (options.return_lse) every row's log-sum-exp. `train`: the forward of a loss
     that trains: (loss, state, dx, scale) comes back, state every row's (m, s) (rows x 2, float32: the
     gradient's input, and the log-sum-exp's: _lse), and where `fuse` (the logits alone require grad)
-    and the fused family took the problem, dx the gradient for an incoming 1 and scale the mean's
-    1 / divisor it used (None for the sum and none); else both None."""
+    and the fused family took the problem, dx the gradient for an incoming 1 (`inplace`: written over
+    the logits, which must be where the kernels read them) and scale the mean's 1 / divisor it used
+    (None for the sum and none); else both None."""
     probs = _check_inputs(logits, targets)
     shape, original = logits.shape, logits
     logits, targets, class_stride, rows, result_dtype = _as_rows(logits, targets, probs)
+    if inplace and logits.data_ptr() != original.data_ptr():
+        raise ValueError("inplace=True writes the gradient where the kernels read the logits; these were copied "
+                         "first (their classes are not adjacent, nor the contiguous (N, C, d1, ..., dk)): "
+                         "give them contiguous, or leave inplace off")
     cols = logits.shape[1]
     row_stride = logits.stride(0)  # from a sample's first logit to the next's
     if probs and options.ignore_index >= 0:
@@ -3609,7 +3643,7 @@ def _cross_entropy(logits, targets, options, check_targets=False, train=False, f
     state = torch.empty((rows, 2), dtype=torch.float32, device=logits.device) if keep_state else None
     dx = scale = weight_total = None
     if plan.family == _FUSED:  # the gradient, and where the launch stores the mean's 1 / divisor
-        dx = _empty_gradient(original, logits.dtype)
+        dx = original if inplace else _empty_gradient(original, logits.dtype)
         scale = torch.empty((), dtype=torch.float32, device=logits.device) if reduction == "mean" else None
         weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing else None
     params = _Params(
@@ -3743,19 +3777,22 @@ def _check_targets_from_env():
 # writes d loss / d logits once (the gradient family). Eager calls go through an autograd.Function,
 # whose forward, where the logits alone train and the fused family takes them, writes the gradient
 # for an incoming 1 in the same launch as the loss: the backward then rewrites only the rows whose
-# incoming gradient is not 1. torch.compile sees two custom operators, one opaque node each, with the
-# same formula registered for autograd, and no fused launch. (A custom operator's eager dispatch costs
-# the host several times an autograd.Function's: pytorch/pytorch#176592.)
-def _cross_entropy_backward(grad, grad_lse, logits, targets, options, state, probs_grad=False, written=None):
+# incoming gradient is not 1 (inplace: scales them, the logits being gone). torch.compile sees two
+# custom operators, one opaque node each, with the same formula registered for autograd, and no fused
+# launch. (A custom operator's eager dispatch costs the host several times an autograd.Function's:
+# pytorch/pytorch#176592.)
+def _cross_entropy_backward(grad, grad_lse, logits, targets, options, state, probs_grad=False, written=None,
+                            into=None):
     """(d loss / d logits, d loss / d targets or None): grad, the loss's incoming gradient (its
     shape); grad_lse, the log-sum-exp's (or None); state, the forward's (m, s) a row; probs_grad: also the
     probability targets' gradient; written: the fused forward's (dx, scale) (_cross_entropy's), whose
-    rows stand where grad is 1 and no grad_lse reaches them."""
+    rows stand where grad is 1 and no grad_lse reaches them; into: where to write d loss / d logits, the
+    logits themselves (each element is read before it is written, by the same thread)."""
     probs = targets.dtype.is_floating_point
     shape, target_dtype = logits.shape, targets.dtype
     x, t, class_stride, rows, _ = _as_rows(logits, targets, probs)
     cols = x.shape[1]
-    dx = written[0] if written else _empty_gradient(logits, x.dtype)
+    dx = written[0] if written else into if into is not None else _empty_gradient(logits, x.dtype)
     dq = _empty_gradient(logits, t.dtype) if probs and probs_grad else None
 
     def as_rows(g):  # the kernel's view: rows of C, or (strided classes) the (N, C, d1, ..., dk) itself
@@ -3789,6 +3826,23 @@ def _cross_entropy_backward(grad, grad_lse, logits, targets, options, state, pro
     if rows:
         _options_extension().launch(_PARAMS_STRUCT.pack(*params))
     return dx, None if dq is None else dq.to(target_dtype)
+
+
+def _scale_in_place(dx, grad, reduction):
+    """The gradient written over the logits (inplace) for an incoming 1, times the incoming `grad` on
+    the device: every row where one grad serves them all and it is not 1, else each row whose own is
+    not 1 (cross_entropy_scale_kernel)."""
+    x, _, class_stride, rows, _ = _as_rows(dx, dx.new_empty(0), False)  # the logits' rows alone
+    grad_in = grad.reshape(-1).float().contiguous()
+    index = x.get_device()
+    plan = _gradient_plan(rows, x.shape[1], x.element_size(), _gpu(index), class_stride)
+    params = _NO_PARAMS._replace(
+        rows=rows, cols=x.shape[1], group=plan.group, family=_SCALE, dtype=_DTYPE_CODES[x.dtype], grid=plan.grid,
+        device=index, stream=_current_stream(index), reduction=_REDUCTIONS[reduction], class_stride=class_stride,
+        grad=x.data_ptr(), grad_row_stride=x.stride(0), grad_in=grad_in.data_ptr())
+    if rows:
+        _options_extension().launch(_PARAMS_STRUCT.pack(*params))
+    return dx
 
 
 def _empty_gradient(logits, dtype):
@@ -3841,27 +3895,32 @@ def _backward(grad: torch.Tensor, grad_lse: Optional[torch.Tensor], input: torch
     return dx, dq if dq is not None else input.new_empty(0)
 
 
-def _save_for_gradient(ctx, inputs, output):
+def _save_for_gradient(ctx, inputs, output, inplace=False):
     input, target, weight, *options, _ = inputs
-    ctx.save_for_backward(input, target, weight, output[1])
+    ctx.save_for_backward(None if inplace else input, target, weight, output[1])  # inplace: the logits are gone
     ctx.options = options  # ignore_index, reduction, label_smoothing, z_loss, softcap: _saved_options' order
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no work for it
 
 
 def _gradient(ctx, grad, grad_state, backward, written=None):
     """The gradients of the forward's inputs, by `backward` (_backward, or its operator), or where
-    the fused forward wrote the gradient for an incoming 1 (written: its dx and scale, eager calls'
-    alone) by _cross_entropy_backward from there. grad_state: the state's, whose first column, m's,
-    is the log-sum-exp's (_lse)."""
+    the forward wrote the gradient for an incoming 1 (written: _Written, eager calls' alone) from
+    there: by _cross_entropy_backward, or over the logits (inplace) by _scale_in_place. grad_state: the
+    state's, whose first column, m's, is the log-sum-exp's (_lse)."""
     if torch.is_grad_enabled():
         raise RuntimeError("cross_entropy's gradient has no gradient of its own: double backward (create_graph=True "
                            "through the loss) is not supported")
     input, target, weight, state = ctx.saved_tensors
     grad_lse = grad_state[:, 0] if grad_state is not None else None
     if grad is None:  # only the log-sum-exp reached the result
-        grad = torch.zeros((), dtype=torch.float32, device=input.device)
+        grad = torch.zeros((), dtype=torch.float32, device=state.device)
         if ctx.options[1] == "none":
             grad = grad.expand(state.shape[:1])
+    if written and written.inplace:
+        if grad_lse is not None:
+            raise RuntimeError("inplace=True wrote the gradient over the logits, and the log-sum-exp's gradient needs "
+                               "them: leave inplace off where the returned lse reaches the result")
+        return _scale_in_place(written.dx, grad, ctx.options[1]), None, *[None] * 7
     if written:
         options = _saved_options(input, weight, *ctx.options)
         dx, dq = _cross_entropy_backward(grad, grad_lse, input, target, options, state, written=written)
@@ -3870,24 +3929,46 @@ def _gradient(ctx, grad, grad_state, backward, written=None):
     return dx if ctx.needs_input_grad[0] else None, dq if ctx.needs_input_grad[1] else None, *[None] * 7
 
 
+class _Written(NamedTuple):
+    """A forward's gradient for an incoming 1: dx, the mean's 1 / divisor it used (scale: None for the
+    sum and none), and whether dx is the logits themselves (inplace)."""
+    dx: torch.Tensor
+    scale: Optional[torch.Tensor]
+    inplace: bool
+
+
 class _Loss(torch.autograd.Function):
     """The loss with its gradient, for eager calls. forward takes ctx itself: with a separate
-    setup_context, apply binds every call's arguments to forward's signature ("The gradient")."""
+    setup_context, apply binds every call's arguments to forward's signature ("The gradient").
+    inplace: the forward writes the logits' gradient over them, by the fused launch or else by the
+    gradient's kernel right after the loss's, and bumps their version: autograd then refuses any
+    tensor saved from them (a "modified by an inplace operation" error), where it would have read the
+    gradient in their place."""
     @staticmethod
     def forward(ctx, *inputs):
-        input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, check_targets = inputs
+        *op_inputs, inplace = inputs
+        input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, check_targets = op_inputs
         options = _saved_options(input, weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
         # Where the logits alone train, the launch may write their gradient too.
         fuse = ctx.needs_input_grad[0] and not ctx.needs_input_grad[1]
-        loss, state, dx, scale = _cross_entropy(input, target, options, check_targets, train=True, fuse=fuse)
-        _save_for_gradient(ctx, inputs, (loss, state))
-        ctx.written = (dx, scale) if dx is not None else None
+        loss, state, dx, scale = _cross_entropy(input, target, options, check_targets, train=True, fuse=fuse,
+                                                inplace=inplace)
+        if inplace:
+            if dx is None:
+                ones = torch.ones(loss.shape, dtype=torch.float32, device=input.device)
+                dx, _ = _cross_entropy_backward(ones, None, input, target, options, state, into=input)
+            torch.autograd.graph.increment_version(input)
+        _save_for_gradient(ctx, op_inputs, (loss, state), inplace)
+        ctx.written = _Written(dx, scale, inplace) if dx is not None else None
         return loss, state
 
     @staticmethod
     def backward(ctx, grad, grad_state):
-        written, ctx.written = ctx.written, None  # a second backward (retain_graph) writes the gradient anew
-        return _gradient(ctx, grad, grad_state, _backward, written)
+        written, ctx.written = ctx.written, None  # a second backward (retain_graph) writes the gradient anew ...
+        if written is None and ctx.saved_tensors[0] is None:  # ... from the logits, which inplace overwrote
+            raise RuntimeError("inplace=True: the logits hold the first backward's gradient, and a second backward "
+                               "through the graph (retain_graph) needs the logits")
+        return *_gradient(ctx, grad, grad_state, _backward, written), None
 
 
 def _op_namespace():
@@ -3925,23 +4006,32 @@ _forward_op.register_autograd(lambda ctx, grad, grad_state: _gradient(ctx, grad,
                               setup_context=_save_for_gradient)
 
 
-def _loss(input, target, options, check_targets):
+def _loss(input, target, options, check_targets, inplace=False):
     """The loss (and lse, where asked) for the public functions: with its gradient where one is
-    wanted (through the custom operator where torch.compile traces), else the launch alone, with no
-    log-sum-exp saved."""
+    wanted (through the custom operator where torch.compile traces, which is not in place), else the
+    launch alone, with no log-sum-exp saved and the logits untouched."""
     compiling = torch.compiler.is_compiling()
     # getattr: anything but a tensor goes on to _check_inputs' error
     wants_grad = getattr(input, "requires_grad", False) or getattr(target, "requires_grad", False)
     if not compiling and not (wants_grad and torch.is_grad_enabled()):
         return _cross_entropy(input, target, options, check_targets)
-    loss, state = (_forward_op if compiling else _Loss.apply)(
-        input, target, options.weight, options.ignore_index, options.reduction, options.label_smoothing, options.z_loss,
-        options.softcap, check_targets)
+    if compiling:
+        loss, state = _forward_op(input, target, options.weight, options.ignore_index, options.reduction,
+                                  options.label_smoothing, options.z_loss, options.softcap, check_targets)
+    else:
+        inplace = bool(inplace) and input.requires_grad
+        if inplace and (input if input._base is None else input._base).is_leaf:
+            raise RuntimeError("inplace=True would write the gradient over a leaf that requires grad (or a view of "
+                               "one), as PyTorch refuses in-place operations on them")
+        if inplace and target.requires_grad:
+            raise ValueError("inplace=True overwrites the logits, and the probability targets' gradient needs them")
+        loss, state = _Loss.apply(input, target, options.weight, options.ignore_index, options.reduction,
+                                  options.label_smoothing, options.z_loss, options.softcap, check_targets, inplace)
     return (loss, _lse(state, input.shape)) if options.return_lse else loss
 
 
 def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, z_loss=0.0,
-                  softcap=None, return_lse=False):
+                  softcap=None, return_lse=False, inplace=False):
     """PyTorch's cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing), in
     one launch. input: logits (C,), (N, C) or (N, C, d1, ..., dk), a row per sample position; target:
     class indices (int64 or int32) of shape (), (N,) or (N, d1, ..., dk), or class probabilities of
@@ -3955,9 +4045,16 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     the mean divides as before); softcap (a positive number) passes every logit through
     softcap * tanh(x / softcap) first, as Gemma 2 caps its logits, and everything above then reads
     the capped logits; return_lse=True returns (loss, lse), lse every row's log-sum-exp in float32,
-    ignored rows' too, in the shape of the loss per row."""
+    ignored rows' too, in the shape of the loss per row.
+    inplace=True: where the logits require grad, the forward writes their gradient over them, so that
+    the step allocates no tensor of their size, and bumps their version: autograd raises where a tensor
+    saved from them would be read (the gradient in their place). The backward hands that storage on,
+    multiplied by the incoming gradient where it is not 1 (16-bit gradients then round twice). It
+    needs logits that are not a leaf, in a layout the kernels read in place (adjacent classes, or the
+    contiguous (N, C, d1, ..., dk)), targets that do not require grad, and no gradient through lse;
+    torch.compile traces the out-of-place loss."""
     options = _options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
-    return _loss(input, target, options, _check_targets_from_env())
+    return _loss(input, target, options, _check_targets_from_env(), inplace)
 
 
 class ModelNew(torch.nn.Module):
@@ -3965,17 +4062,18 @@ class ModelNew(torch.nn.Module):
     the logits require grad. With no arguments,
     KernelBench's problem: the mean, ignore_index -100. weight, ignore_index, reduction and
     label_smoothing as PyTorch's cross-entropy loss module takes them (weight is a buffer, moved with
-    the module); z_loss and softcap as cross_entropy takes them; inputs and targets as cross_entropy
-    takes them."""
+    the module); z_loss, softcap and inplace as cross_entropy takes them; inputs and targets as
+    cross_entropy takes them."""
 
     def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0, *, z_loss=0.0,
-                 softcap=None, check_targets=None):
+                 softcap=None, inplace=False, check_targets=None):
         super().__init__()
         # Checked once, with PyTorch's errors; the weight, a buffer, joins the options at each call.
         self._options = _options(None, ignore_index, reduction, z_loss, label_smoothing=label_smoothing,
                                  softcap=softcap)
         _options(weight)
         self.register_buffer("weight", weight)  # read at each call: .to() and .cuda() move it
+        self.inplace = bool(inplace)
         self.check_targets = _check_targets_from_env() if check_targets is None else bool(check_targets)
 
     ignore_index = property(lambda self: self._options.ignore_index)
@@ -3986,4 +4084,4 @@ class ModelNew(torch.nn.Module):
 
     def forward(self, predictions, targets):
         options = self._options if self.weight is None else self._options._replace(weight=self.weight)
-        return _loss(predictions, targets, options, self.check_targets)
+        return _loss(predictions, targets, options, self.check_targets, self.inplace)

@@ -32,7 +32,8 @@ TORCH_2_4 = {"torch.Tensor", "torch.float32", "torch.bfloat16", "torch.float16",
              "torch.cuda.device", "torch.cuda.empty_cache", "torch.cuda.manual_seed", "torch.cuda.synchronize",
              "torch.Generator", "torch._C", "torch.randn", "torch.softmax", "torch.finfo", "torch.empty_like",
              "torch.is_grad_enabled", "torch.compiler.is_compiling", "torch.autograd.Function", "torch.ones_like",
-             "torch.set_grad_enabled", "torch.where", "torch.ops",
+             "torch.set_grad_enabled", "torch.where", "torch.ops", "torch.ones",
+             "torch.autograd.graph.increment_version",  # public since 2.1
              "torch.library.custom_op"}  # custom_op, with register_fake and register_autograd: new in 2.4
 # Newer than torch 2.4, each behind a guard that does without it.
 GUARDED = {'getattr(torch._C, "_cuda_getCurrentRawStream", None)',  # a cheaper stream handle

@@ -20,14 +20,15 @@ PTXAS = os.path.join(os.path.dirname(os.path.realpath(NVCC)), "ptxas") if NVCC e
 # the streamed family: plain or soft-capped logits x contiguous or strided classes x (class indices,
 # probabilities of the logits' dtype, float32 probabilities: one instance with the second for
 # float32 logits), and the gradient, in the same instances; and the fused family, plain or soft-capped
-# logits and plain ones held by a cluster, with its divisor's kernel, one a dtype.
+# logits and plain ones held by a cluster, with its divisor's kernel, and the in-place gradient's
+# scaling, one a dtype.
 INSTANCES = {"rows": 3 * 2 * 3, "tiles": 3 * 2 * 3 * 2, "row_batches": 3 * 2 * 2, "one_row": 3}
 OPTIONS_INSTANCES = {**INSTANCES, "streamed": 2 * 2 * (2 + 3 + 3), "gradient": 2 * 2 * (2 + 3 + 3),
-                     "fused": 3 * 3, "divisor": 3}
+                     "fused": 3 * 3, "divisor": 3, "scale": 3}
 FAMILY_CODES = {"rows": model_new._ROWS, "tiles": model_new._TILES, "row_batches": model_new._ROW_BATCHES,
                 "one_row": model_new._ONE_ROW, "streamed": model_new._STREAMED,
                 "gradient": model_new._GRADIENT, "fused": model_new._FUSED,
-                "divisor": model_new._FUSED}
+                "divisor": model_new._FUSED, "scale": model_new._SCALE}
 # Shared memory a family's launch adds to its arrays: rows in registers, segments_total's slab.
 DYNAMIC_SHARED = {"rows": 16 * model_new._SEG_SLAB + 4 * model_new._THREADS}
 ARCHS = sorted({f"{t['major']}{t['minor']}" for t in GPUS.values()}, key=int)

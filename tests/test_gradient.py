@@ -87,7 +87,9 @@ def float64_gradients(x, t, grad, options, lse_grad=None):
     return torch.autograd.grad(total, inputs) if total.requires_grad else [torch.zeros_like(i) for i in inputs]
 
 
-def assert_gradient(got, want, dtype, case=None):
+def assert_gradient(got, want, dtype, case=None, roundings=1):
+    """got within 1e-6 of want relative to its largest element, and for 16-bit `got` its dtype's
+    rounding, that many times."""
     assert got.shape == want.shape and got.dtype == dtype, (got.shape, want.shape, got.dtype, dtype)
     got = got.double()
     assert torch.equal(torch.isnan(got), torch.isnan(want)), (got, want)
@@ -95,7 +97,7 @@ def assert_gradient(got, want, dtype, case=None):
     if not keep.any():
         return
     err = (got - want)[keep].abs()
-    bound = 1e-6 * want[keep].abs().max() + GRAD_RTOL[dtype] * want[keep].abs() + 2 ** -25
+    bound = 1e-6 * want[keep].abs().max() + roundings * (GRAD_RTOL[dtype] * want[keep].abs() + 2 ** -25)
     worst = (err / bound).argmax()
     assert (err <= bound).all(), (case, err[worst].item(), want[keep][worst].item(), want[keep].abs().max().item())
 
@@ -333,6 +335,90 @@ def test_clusters_take_row_after_row(dtype):
         check_gradient(x, t, {"reduction": "none"})
 
 
+def inplace_gradient(x, t, options, grad=None):
+    """(d loss / d x, whether it came back in x's own storage, the most bytes the step allocated past
+    its start) where cross_entropy writes it over a non-leaf copy of x; grad: the loss's incoming
+    gradient (None: 1)."""
+    y = x.detach().clone().requires_grad_() * 1  # a non-leaf; its backward saves nothing of it
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    loss = model_new.cross_entropy(y, t, **options, inplace=True)
+    (dx,) = torch.autograd.grad(loss, y, torch.ones_like(loss) if grad is None else grad)
+    torch.cuda.synchronize()
+    return dx, dx.data_ptr() == y.data_ptr(), torch.cuda.max_memory_allocated() - start
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_inplace_writes_the_gradient_over_the_logits(dtype):
+    """inplace=True, for every way the gradient gets written (a CTA's fused rows, a cluster's, the
+    soft-capped ones, rows past the fused family, strided classes, channels last, one row,
+    probabilities): the out-of-place loss's gradient, in the logits' own storage, bit for bit at an
+    incoming 1; at others (reduction none: one a row, some of them 1) that gradient times it, rounded
+    once more; and the step allocates nothing near the logits' size."""
+    cases = [((64, 1000), {}), ((1000, 16411), {"weight": True, "label_smoothing": 0.1}),
+             ((64, 1000), {"softcap": 5.0, "z_loss": 1e-3}), ((3, 300000), {}), ((3, 16411), {"softcap": 5.0}),
+             ((2, 5, 3, 4), OPTIONS["everything, sum"]), ((300,), {}), ((64, 1000), {"probs": True})]
+    for shape, options in cases:
+        cols = shape[1] if len(shape) > 1 else shape[0]
+        options = reference_options(options, cols, dtype)
+        probs = options.pop("probs", False)
+        x = (torch.randn(shape, device="cuda") * 4).to(dtype)
+        views = [x, x.movedim(1, -1).contiguous().movedim(-1, 1)] if len(shape) > 2 else [x]
+        t = probabilities(shape, dtype) if probs else class_targets((1,) + shape if len(shape) == 1 else shape, cols)
+        t = t[0] if len(shape) == 1 and not probs else t
+        for view in views:
+            for reduction in ("mean", "none"):
+                options["reduction"] = reduction
+                xr = view.detach().clone().requires_grad_()
+                loss = model_new.cross_entropy(xr, t, **options)
+                loss.backward(torch.ones_like(loss))
+                dx, in_place, extra = inplace_gradient(view, t, options)
+                case = (shape, reduction, {k: v for k, v in options.items() if k != "weight"})
+                assert in_place and torch.equal(dx, xr.grad), case
+                assert extra < view.numel() * view.element_size() // 8 + (1 << 20), (case, extra)
+                grad = torch.full_like(loss, 0.7) if reduction == "mean" else torch.where(
+                    torch.rand(loss.shape, device="cuda") < 0.3, 1.0, torch.randn(loss.shape, device="cuda")).to(loss.dtype)
+                dx, in_place, _ = inplace_gradient(view, t, options, grad)
+                want = float64_gradients(view, t, grad, options)[0]
+                assert in_place, case
+                assert_gradient(dx, want, dtype, case, roundings=2)
+
+
+@requires_cuda
+def test_inplace_refuses_what_it_would_get_wrong():
+    """Autograd raises where a tensor saved from the logits would be read (it holds the gradient now);
+    leaves, probability targets that train, a gradient through the returned log-sum-exp, a layout the
+    kernels copy and a second backward are refused; without a gradient the logits stay as they were."""
+    w = logits(64, 1000, torch.float32).requires_grad_()
+    t = class_targets((64, 1000), 1000)
+    y = w * 2
+    aux = y.pow(2).sum()  # pow saves y
+    loss = model_new.cross_entropy(y, t, inplace=True) + aux
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    for leaf in (w, w[:10]):
+        with pytest.raises(RuntimeError, match="leaf"):
+            model_new.cross_entropy(leaf, t[:leaf.shape[0]], inplace=True)
+    with pytest.raises(ValueError, match="probability targets"):
+        model_new.cross_entropy(w * 2, probabilities((64, 1000), torch.float32).requires_grad_(), inplace=True)
+    loss, lse = model_new.cross_entropy(w * 2, t, inplace=True, return_lse=True)
+    with pytest.raises(RuntimeError, match="log-sum-exp"):
+        (loss + lse.sum()).backward()
+    with pytest.raises(ValueError, match="copied"):
+        model_new.cross_entropy((logits(1000, 64, torch.float32).requires_grad_() * 2).t(), t, inplace=True)
+    loss = model_new.cross_entropy(w * 2, t, inplace=True)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
+    y = w.detach() * 2
+    kept = y.clone()
+    with torch.no_grad():
+        model_new.cross_entropy(y.requires_grad_(), t, inplace=True)
+    assert torch.equal(y, kept)
+
+
 @requires_cuda
 def test_special_values():
     x = logits(8, 100, torch.float32)
@@ -484,12 +570,14 @@ def test_a_training_step_replays_in_a_cuda_graph():
 
 
 @requires_cuda
-def test_a_training_run_follows_eagers_loss_curve():
+@pytest.mark.parametrize("inplace", [False, True], ids=["", "inplace"])
+def test_a_training_run_follows_eagers_loss_curve(inplace):
     """50 AdamW steps of an embedding and a linear layer under this loss and under PyTorch's, in
     float32, from the same weights: the losses agree within 1e-4, relative, at every step."""
     vocab, dim, rows = 1000, 64, 512
     curves = []
-    for loss_fn in (model_new.cross_entropy, torch.nn.functional.cross_entropy):
+    ours = lambda x, t, **options: model_new.cross_entropy(x, t, **options, inplace=inplace)  # noqa: E731
+    for loss_fn in (ours, torch.nn.functional.cross_entropy):
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Embedding(vocab, dim), torch.nn.Linear(dim, vocab)).cuda()
         opt = torch.optim.AdamW(net.parameters(), lr=1e-2)

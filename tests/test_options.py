@@ -26,11 +26,11 @@ def test_the_signatures_are_pytorchs():
     ours, by keyword only."""
     params = inspect.signature(model_new.cross_entropy).parameters
     assert list(params) == ["input", "target", "weight", "ignore_index", "reduction", "label_smoothing", "z_loss",
-                            "softcap", "return_lse"]
-    assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("z_loss", "softcap", "return_lse"))
+                            "softcap", "return_lse", "inplace"]
+    assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("z_loss", "softcap", "return_lse", "inplace"))
     defaults = {k: v.default for k, v in inspect.signature(model_new.ModelNew).parameters.items()}
     assert defaults == {"weight": None, "ignore_index": -100, "reduction": "mean", "label_smoothing": 0.0,
-                        "z_loss": 0.0, "softcap": None, "check_targets": None}
+                        "z_loss": 0.0, "softcap": None, "inplace": False, "check_targets": None}
 
 
 def test_the_defaults_are_kernelbenchs_problem_and_anything_else_an_option():
