@@ -578,6 +578,17 @@ __device__ __forceinline__ void group_barrier(int id, int threads) {
                ::"r"(shared_address(arrivals)), "r"(phase) : "memory");
 #endif
 }
+// A bulk copy (TMA) of `bytes` (a multiple of 16, from a 16-byte boundary) into this CTA's shared
+// memory, counted on `arrivals` as the peers' stores are; the proxy fence first orders the CTA's
+// earlier reads of that memory before the copy's writes.
+[[maybe_unused]] __device__ __forceinline__ void load_to_shared(void* shared, const void* global, uint32_t bytes,
+                                                                uint64_t* arrivals) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n\t"
+               "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(shared_address(shared)), "l"(global), "r"(bytes), "r"(shared_address(arrivals)) : "memory");
+#endif
+}
 
 // ------------------------------------------------------------------ targets
 // The skipped target: PyTorch's default, or in the options build the launch's.
@@ -2455,10 +2466,10 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
 // ================================================================== family: loss and gradient fused
 // Training's forward, where the logits require grad and are contiguous rows of class indices that fit
 // the registers of a CTA, or from sm_90 on of a thread-block cluster (kClustered: up to
-// kFusedClusterCtas CTAs, equal shares of the row, their (m, s) exchanged through distributed shared
-// memory): each row is loaded once into the registers of its group (`group` lanes, a
-// power of two from a warp to the CTA, kFusedVecs 16-byte vectors a lane at most and an edge element),
-// reduced there to its (m, s) and Gap, which every lane of the group then holds, and from the same
+// kFusedClusterCtas CTAs, equal shares of the row, each copied into shared memory by TMA while the row
+// before it is reduced, their (m, s) exchanged through distributed shared memory): each row is loaded
+// once into the registers of its group (`group` lanes, a power of two from a warp to the CTA,
+// kFusedVecs 16-byte vectors a lane at most and an edge element), reduced there to its (m, s) and Gap, which every lane of the group then holds, and from the same
 // registers come its loss (summed as every family sums, to the exact sum) and its gradient, by the
 // gradient's formula (above) with g the loss's gradient as returned: one over the mean's divisor,
 // counted on the device just before (cross_entropy_divisor_kernel; null: 1, for the sum and none), and
@@ -2466,7 +2477,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
 // leaves every row whose incoming gradient is 1 as it is (the gradient kernel's Params::grad_in).
 // The row's writes follow its reads in every lane (the merge orders them across lanes), so the
 // gradient may be written over the logits. Overlap comes from the CTAs an SM holds: while one
-// reduces, the others' loads are in flight.
+// reduces, the others' loads are in flight; and in a cluster, whose CTAs wait for each other every
+// row, from the next share's copy, in flight through the wait.
 
 // (m, s) and Gap merged from n shares, share(i) a float4 (m, s, Gap), in the same order wherever
 // they are merged, so that every lane that merges them holds the same bits. Not unrolled: a count
@@ -2525,6 +2537,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
   __shared__ float warp_sums[2][kChunkSums];
   __shared__ long long claimed[2], cluster_claimed[2];
   __shared__ uint64_t arrivals[2];  // where a cluster holds the row: its CTAs' shares and claim, counted
+  __shared__ uint64_t share_loaded;  // ... and the bulk copy of this CTA's share of the row, into:
+  extern __shared__ uint4 dynamic_smem[];  // kThreads * kVecs vectors (launch_fused_cluster)
   // `group` lanes of a CTA take a row, from a warp to the CTA; kClustered, each of a cluster's `ctas`
   // CTAs takes an equal share of the row's vectors, in the order of their ranks (no CTA waits on a
   // fuller one), and a chunk is a row. (An instance of its own: the cluster's variables cost the
@@ -2539,12 +2553,33 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     const long long row = row_of(chunk);
     return row < p.rows ? load_target_words(p, row) : TargetWords{0u, 0u};
   };
+  const S* logits = static_cast<const S*>(p.logits);
+  // The vectors of a row that this CTA holds: all of them, or in a cluster this CTA's equal share, in
+  // rank order (no CTA waits on a fuller one; none past the row's).
+  auto share_of = [&](long long row) {
+    Aligned cut = row < p.rows ? align_stretch<L>(logits + row * p.row_stride, cols) : Aligned{0, 0};
+    if (kClustered) {
+      const int share = (cut.nvec + ctas - 1) / ctas, first = int(cluster_rank()) * share;
+      cut = {cut.head + first * L::kPerVec, max(0, min(share, cut.nvec - first))};
+    }
+    return cut;
+  };
+  // kClustered: a row's share is copied into shared memory (TMA) while the row before it is reduced,
+  // so that the CTA has loads in flight through the cluster's exchange; thread 0 sends for each chunk.
+  auto load_share = [&](long long chunk) {
+    const long long row = row_of(chunk);
+    const Aligned cut = share_of(row);
+    expect_bytes(&share_loaded, cut.nvec * sizeof(uint4));
+    if (cut.nvec > 0) load_to_shared(dynamic_smem, logits + row * p.row_stride + cut.head, cut.nvec * sizeof(uint4),
+                                     &share_loaded);
+  };
   ChunkClaims claims;
   if (kClustered) {  // the cluster is the claiming unit: its first CTA claims, each CTA reads the claim there
     claims.chunk = cluster_index();
     claims.next = cluster_count() + claims.chunk;
-    if (threadIdx.x == 0) init_arrivals(&arrivals[0]), init_arrivals(&arrivals[1]);
+    if (threadIdx.x == 0) init_arrivals(&arrivals[0]), init_arrivals(&arrivals[1]), init_arrivals(&share_loaded);
     cluster_barrier();
+    if (threadIdx.x == 0) load_share(claims.chunk);
   }
   TargetWords next_target = load_target(claims.chunk);
   unsigned int ignored = 0;  // group leaders: the rows of ignore_index they met
@@ -2559,23 +2594,26 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     const TargetWords target = next_target;
     next_target = load_target(claims.next);
     const long long code = live ? target_code(p, target_value(p, target)) : kTargetIgnored;
-    const S* x_row = static_cast<const S*>(p.logits) + row * p.row_stride;
+    const S* x_row = logits + row * p.row_stride;
     S* dx_row = static_cast<S*>(p.grad) + row * p.grad_row_stride;
-    Aligned cut = live ? align_stretch<L>(x_row, cols) : Aligned{0, 0};
-    const int nedge = live && first_cta ? cols - cut.nvec * L::kPerVec : 0;  // fewer than 2 kPerVec: one a lane
-    const int edge = lane < nedge ? edge_element<L>(cut, lane) : -1;
-    if (kClustered) {  // from here on, this CTA's share of the vectors (none past the row's)
-      const int share = (cut.nvec + ctas - 1) / ctas, first = int(cluster_rank()) * share;
-      cut = {cut.head + first * L::kPerVec, min(share, cut.nvec - first)};
-    }
-    // The row: every load issued before any is used.
-    const uint4* x_vecs = reinterpret_cast<const uint4*>(x_row + cut.head);
+    const Aligned whole = live ? align_stretch<L>(x_row, cols) : Aligned{0, 0};
+    const int nedge = live && first_cta ? cols - whole.nvec * L::kPerVec : 0;  // fewer than 2 kPerVec: one a lane
+    const int edge = lane < nedge ? edge_element<L>(whole, lane) : -1;
+    const Aligned cut = kClustered ? share_of(row) : whole;
+    // The row: every load issued before any is used; in a cluster, from the share's copy, whose
+    // memory then takes the next chunk's.
+    const uint4* x_vecs = kClustered ? dynamic_smem : reinterpret_cast<const uint4*>(x_row + cut.head);
+    if (kClustered) wait_arrivals(&share_loaded, step & 1);
     const uint4 neg_inf = neg_inf_vec<L>();
     uint4 xb[kVecs];
 #pragma unroll
     for (int u = 0; u < kVecs; ++u) {
       const int v = lane + u * group;
       xb[u] = v < cut.nvec ? x_vecs[v] : neg_inf;
+    }
+    if (kClustered) {
+      __syncthreads();
+      if (threadIdx.x == 0) load_share(claims.next);
     }
     const float x_edge = edge >= 0 ? load_scalar<L>(x_row + edge) : -INFINITY;  // as loaded: the gradient caps it
     float x_t = 0.f;
@@ -2763,6 +2801,7 @@ void launch_fused_cluster(const Params& p) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(p.grid);
   config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kThreads * kFusedVecs * sizeof(uint4);  // a share of the row, copied ahead
   config.stream = p.stream;
   config.attrs = &cluster;
   config.numAttrs = 1;
@@ -3138,14 +3177,17 @@ def _fused_plan(rows, cols, elem_bytes, gpu, capped=False):
     many on sm_75, as its kernel takes them); a chunk is a CTA's rows; every CTA that fits, or as many
     as there are chunks. From sm_90 on, a row of more than a CTA's lanes takes the same lanes of each
     CTA of a cluster (_FUSED_CLUSTER_CTAS at most), and a chunk is a row; not where the logits are
-    `capped` (the kernel's soft-capped instance has no cluster form)."""
+    `capped` (the kernel's soft-capped instance has no cluster form). A cluster's CTAs hold a share of a
+    row in shared memory too, which may leave an SM fewer of them."""
     per_lane = _FUSED_VECS // 2 if gpu.cc < 80 else _FUSED_VECS
     group = max(32, _pow2_at_least(-(-cols // (16 // elem_bytes * per_lane))))
     ctas = max(1, group // _THREADS)
     if ctas > (1 if gpu.cc < 90 or capped else _FUSED_CLUSTER_CTAS if gpu.cc == 90 else 8):
         return None
     chunks = -(-rows // max(1, _THREADS // group))
-    return _Plan(_FUSED, False, max(1, min(_max_grid(_FUSED, gpu) // ctas, chunks)) * ctas, group, chunks)
+    share_bytes = 16 * _THREADS * per_lane if ctas > 1 else 0  # a cluster's CTA copies its share ahead
+    clusters = gpu.sms * _ctas_per_sm(_FUSED, gpu, share_bytes) // ctas
+    return _Plan(_FUSED, False, max(1, min(clusters, chunks)) * ctas, group, chunks)
 
 
 def _pow2_at_least(x):

@@ -184,6 +184,10 @@ def test_the_fused_policy(gpu):
         assert plan.grid == min(ctas // cluster, plan.chunks) * cluster, plan
         capped = model_new._plan(rows, cols, cols, elem_bytes, on, capped=True, fuse=True)
         assert (capped.family == model_new._FUSED) == (cluster == 1), capped
+    if on.cc >= 90:  # a cluster's CTAs hold a share of the row in shared memory too: an SM of less holds fewer
+        small = on._replace(smem_per_sm=48 << 10)  # one CTA with its share
+        plan = model_new._plan(8192, 128256, 128256, 2, small, fuse=True)
+        assert plan.grid == small.sms // 8 * 8 < model_new._plan(8192, 128256, 128256, 2, on, fuse=True).grid, plan
     for args, options in [((64, 1000, 1000, 4), {"probs": True}), ((64, 1000, 1000, 4), {"class_stride": 7}),
                           ((64, 1000, 1000, 4), {"offset": 4}), ((64, 1000, 1003, 4), {})]:
         assert model_new._plan(*args, on, fuse=True, **options).family != model_new._FUSED, (args, options)
