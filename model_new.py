@@ -2554,24 +2554,21 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     return row < p.rows ? load_target_words(p, row) : TargetWords{0u, 0u};
   };
   const S* logits = static_cast<const S*>(p.logits);
-  // The vectors of a row that this CTA holds: all of them, or in a cluster this CTA's equal share, in
-  // rank order (no CTA waits on a fuller one; none past the row's).
-  auto share_of = [&](long long row) {
-    Aligned cut = row < p.rows ? align_stretch<L>(logits + row * p.row_stride, cols) : Aligned{0, 0};
-    if (kClustered) {
-      const int share = (cut.nvec + ctas - 1) / ctas, first = int(cluster_rank()) * share;
-      cut = {cut.head + first * L::kPerVec, max(0, min(share, cut.nvec - first))};
-    }
-    return cut;
+  // The vectors of a row (its `whole`) that this CTA holds: all of them, or in a cluster this CTA's
+  // equal share, in rank order (no CTA waits on a fuller one; none past the row's).
+  auto share_of = [&](Aligned whole) {
+    if (!kClustered) return whole;
+    const int share = (whole.nvec + ctas - 1) / ctas, first = int(cluster_rank()) * share;
+    return Aligned{whole.head + first * L::kPerVec, max(0, min(share, whole.nvec - first))};
   };
   // kClustered: a row's share is copied into shared memory (TMA) while the row before it is reduced,
   // so that the CTA has loads in flight through the cluster's exchange; thread 0 sends for each chunk.
   auto load_share = [&](long long chunk) {
     const long long row = row_of(chunk);
-    const Aligned cut = share_of(row);
+    const S* x_row = logits + row * p.row_stride;
+    const Aligned cut = share_of(row < p.rows ? align_stretch<L>(x_row, cols) : Aligned{0, 0});
     expect_bytes(&share_loaded, cut.nvec * sizeof(uint4));
-    if (cut.nvec > 0) load_to_shared(dynamic_smem, logits + row * p.row_stride + cut.head, cut.nvec * sizeof(uint4),
-                                     &share_loaded);
+    if (cut.nvec > 0) load_to_shared(dynamic_smem, x_row + cut.head, cut.nvec * sizeof(uint4), &share_loaded);
   };
   ChunkClaims claims;
   if (kClustered) {  // the cluster is the claiming unit: its first CTA claims, each CTA reads the claim there
@@ -2599,7 +2596,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     const Aligned whole = live ? align_stretch<L>(x_row, cols) : Aligned{0, 0};
     const int nedge = live && first_cta ? cols - whole.nvec * L::kPerVec : 0;  // fewer than 2 kPerVec: one a lane
     const int edge = lane < nedge ? edge_element<L>(whole, lane) : -1;
-    const Aligned cut = kClustered ? share_of(row) : whole;
+    const Aligned cut = share_of(whole);
     // The row: every load issued before any is used; in a cluster, from the share's copy, whose
     // memory then takes the next chunk's.
     const uint4* x_vecs = kClustered ? dynamic_smem : reinterpret_cast<const uint4*>(x_row + cut.head);
