@@ -3653,6 +3653,10 @@ def _cross_entropy(logits, targets, options, check_targets=False, train=False, f
                          "give them contiguous, or leave inplace off")
     cols = logits.shape[1]
     row_stride = logits.stride(0)  # from a sample's first logit to the next's
+    if inplace and rows > 1 and class_stride == 1 and row_stride < cols:
+        raise RuntimeError("inplace=True: the logits' rows overlap in memory (an expanded tensor, or a view with a "
+                           "row stride under C), so more than one element would write a single memory location: "
+                           "clone() them first, or leave inplace off")
     if probs and options.ignore_index >= 0:
         raise ValueError("ignore_index is not supported for class-probability targets")
     weight = options.weight
@@ -4090,8 +4094,8 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     saved from them would be read (the gradient in their place). The backward hands that storage on,
     multiplied by the incoming gradient where it is not 1 (16-bit gradients then round twice). It
     needs logits that are not a leaf, in a layout the kernels read in place (adjacent classes, or the
-    contiguous (N, C, d1, ..., dk)), targets that do not require grad, and no gradient through lse;
-    torch.compile traces the out-of-place loss."""
+    contiguous (N, C, d1, ..., dk)) with no rows that overlap, targets that do not require grad, and no
+    gradient through lse; torch.compile traces the out-of-place loss."""
     options = _options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
     return _loss(input, target, options, _check_targets_from_env(), inplace)
 

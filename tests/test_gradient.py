@@ -394,7 +394,8 @@ def test_inplace_writes_the_gradient_over_the_logits(dtype):
 def test_inplace_refuses_what_it_would_get_wrong():
     """Autograd raises where a tensor saved from the logits would be read (it holds the gradient now);
     leaves, probability targets that train, a gradient through the returned log-sum-exp, a layout the
-    kernels copy and a second backward are refused; without a gradient the logits stay as they were."""
+    kernels copy, rows that overlap in memory and a second backward are refused; without a gradient
+    the logits stay as they were."""
     w = logits(64, 1000, torch.float32).requires_grad_()
     t = class_targets((64, 1000), 1000)
     y = w * 2
@@ -412,6 +413,11 @@ def test_inplace_refuses_what_it_would_get_wrong():
         (loss + lse.sum()).backward()
     with pytest.raises(ValueError, match="copied"):
         model_new.cross_entropy((logits(1000, 64, torch.float32).requires_grad_() * 2).t(), t, inplace=True)
+    y = w * 2
+    for overlapping in (y[0].expand(64, 1000), y.view(-1)[:63 * 500 + 1000].as_strided((64, 1000), (500, 1))):
+        with pytest.raises(RuntimeError, match="overlap"):
+            model_new.cross_entropy(overlapping, t, inplace=True)
+    assert torch.equal(y, w.detach() * 2)  # refused before any launch
     loss = model_new.cross_entropy(w * 2, t, inplace=True)
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="second backward"):
