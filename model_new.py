@@ -3722,22 +3722,31 @@ def _lse(state, shape):
     return (state[:, 0] + state[:, 1].detach().log()).reshape(shape[:1] + shape[2:] if len(shape) > 1 else ())
 
 
-def _as_rows(logits, targets, probs):
+def _as_rows(logits, targets=None, probs=False):
     """The logits and targets as the kernels read them: (logits, targets, class_stride, rows,
     result_dtype). Logits (C,) are one row; (N, C, d1, ..., dk) are N * d1 * ... * dk, a row per
     sample position, whose classes lie class_stride = d1 * ... * dk elements apart where they are
-    not contiguous (_positions); rows of (N, C) or (C,) have adjacent columns. Probability targets
-    follow, in the promoted dtype (PyTorch's: float32 for two different ones), the result's."""
+    not contiguous (_positions); rows of (N, C) or (C,) have adjacent columns. The targets follow the
+    logits' rows; probability targets in the promoted dtype (PyTorch's: float32 for two different
+    ones), the result's. targets None: the logits' rows alone (None in the targets' place)."""
     shape = logits.shape
     class_stride = 1
     if len(shape) == 1:
-        logits, targets = logits.unsqueeze(0), targets.unsqueeze(0)
+        logits = logits.unsqueeze(0)
     elif len(shape) > 2:
-        logits, targets, class_stride = _positions(logits, targets, probs)
+        logits, class_stride = _positions(logits)
     if class_stride == 1 and logits.stride(1) != 1 and logits.shape[1] > 1:
         logits = logits.contiguous()  # the kernels stream along rows; columns must be adjacent
     rows = logits.shape[0] if class_stride == 1 else shape[0] * class_stride
     result_dtype = logits.dtype
+    if targets is None:
+        return logits, None, class_stride, rows, result_dtype
+    if len(shape) == 1:
+        targets = targets.unsqueeze(0)
+    elif len(shape) > 2 and not probs:
+        targets = targets.reshape(-1)
+    elif len(shape) > 2:  # probabilities in the logits' layout: channels last, or contiguous
+        targets = targets.movedim(1, -1).reshape(-1, shape[1]) if class_stride == 1 else targets.contiguous()
     if probs:
         if targets.dtype != logits.dtype:
             targets, result_dtype = targets.float(), torch.float32
@@ -3746,17 +3755,15 @@ def _as_rows(logits, targets, probs):
     return logits, targets, class_stride, rows, result_dtype
 
 
-def _positions(logits, targets, probs):
-    """Logits (N, C, d1, ..., dk) and their targets as rows of sample positions, in the order of the
-    targets (N, d1, ..., dk): a view (N * d1 * ... * dk, C) where each position's classes are
-    contiguous (channels last), else the contiguous logits, whose classes lie d1 * ... * dk apart
-    (the returned class stride). Probability targets follow the logits' layout."""
-    cols = logits.shape[1]
+def _positions(logits):
+    """Logits (N, C, d1, ..., dk) as rows of sample positions, in the order of the targets
+    (N, d1, ..., dk), and the classes' stride: a view (N * d1 * ... * dk, C) where each position's
+    classes are contiguous (channels last), stride 1, else the contiguous logits, whose classes lie
+    d1 * ... * dk apart."""
     last = logits.movedim(1, -1)
     if last.is_contiguous():
-        return last.reshape(-1, cols), targets.movedim(1, -1).reshape(-1, cols) if probs else targets.reshape(-1), 1
-    positions = math.prod(logits.shape[2:])
-    return logits.contiguous(), targets.contiguous() if probs else targets.reshape(-1), positions
+        return last.reshape(-1, logits.shape[1]), 1
+    return logits.contiguous(), math.prod(logits.shape[2:])
 
 
 class _Options(NamedTuple):
@@ -3850,24 +3857,18 @@ def _cross_entropy_backward(grad, grad_lse, logits, targets, options, state, pro
     if options.reduction == "mean":  # over the mean's divisor, on the device: no host synchronization
         grad_out = grad_in * written[1] if written else grad_in / (rows if probs else _counted(t, weight, options.ignore_index))
     grad_lse = grad_lse.reshape(-1).float().contiguous() if grad_lse is not None else None
-    index = x.get_device()
-    plan = _gradient_plan(rows, cols, x.element_size(), _gpu(index), class_stride)
-    params = _NO_PARAMS._replace(
-        logits=x.data_ptr(), targets=0 if probs else t.data_ptr(), rows=rows, cols=cols, row_stride=x.stride(0),
-        target_stride=t.stride(0) if rows and not probs else 1, group=plan.group, target_bytes=t.element_size(),
-        family=_GRADIENT, dtype=_DTYPE_CODES[x.dtype], grid=plan.grid, device=index,
-        stream=_current_stream(index), ignore_index=options.ignore_index, reduction=_REDUCTIONS[options.reduction],
+    _launch_on_rows(
+        _GRADIENT, x, rows, class_stride, logits=x.data_ptr(), targets=0 if probs else t.data_ptr(),
+        row_stride=x.stride(0), target_stride=t.stride(0) if rows and not probs else 1, target_bytes=t.element_size(),
+        ignore_index=options.ignore_index, reduction=_REDUCTIONS[options.reduction],
         weight=0 if weight is None else weight.data_ptr(), row_state=state.data_ptr(), z_loss=options.z_loss,
         label_smoothing=smoothing, smoothing_per_class=smoothing / cols, probs=t.data_ptr() if probs else 0,
-        probs_stride=t.stride(0) if probs else 0, class_stride=class_stride,
-        probs_dtype=_DTYPE_CODES[t.dtype] if probs else _CLASS_INDICES, softcap=softcap,
-        softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
+        probs_stride=t.stride(0) if probs else 0, probs_dtype=_DTYPE_CODES[t.dtype] if probs else _CLASS_INDICES,
+        softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
         grad_row_stride=as_rows(dx).stride(0), grad_out=grad_out.data_ptr(),
         grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),
         weight_total=0 if weight_total is None else weight_total.data_ptr(),
         grad_probs=0 if dq is None else dq.data_ptr(), grad_in=grad_in.data_ptr() if written else 0)
-    if rows:
-        _options_extension().launch(_PARAMS_STRUCT.pack(*params))
     return dx, None if dq is None else dq.to(target_dtype)
 
 
@@ -3875,17 +3876,24 @@ def _scale_in_place(dx, grad, reduction):
     """The gradient written over the logits (inplace) for an incoming 1, times the incoming `grad` on
     the device: every row where one grad serves them all and it is not 1, else each row whose own is
     not 1 (cross_entropy_scale_kernel)."""
-    x, _, class_stride, rows, _ = _as_rows(dx, dx.new_empty(0), False)  # the logits' rows alone
+    x, _, class_stride, rows, _ = _as_rows(dx)
     grad_in = grad.reshape(-1).float().contiguous()
+    _launch_on_rows(_SCALE, x, rows, class_stride, reduction=_REDUCTIONS[reduction], grad=x.data_ptr(),
+                    grad_row_stride=x.stride(0), grad_in=grad_in.data_ptr())
+    return dx
+
+
+def _launch_on_rows(family, x, rows, class_stride, **fields):
+    """A launch of the gradient's plan (the gradient and scale families) over the logits' rows x
+    (_as_rows'), with the family's own fields; none where there is no row."""
+    if not rows:
+        return
     index = x.get_device()
     plan = _gradient_plan(rows, x.shape[1], x.element_size(), _gpu(index), class_stride)
-    params = _NO_PARAMS._replace(
-        rows=rows, cols=x.shape[1], group=plan.group, family=_SCALE, dtype=_DTYPE_CODES[x.dtype], grid=plan.grid,
-        device=index, stream=_current_stream(index), reduction=_REDUCTIONS[reduction], class_stride=class_stride,
-        grad=x.data_ptr(), grad_row_stride=x.stride(0), grad_in=grad_in.data_ptr())
-    if rows:
-        _options_extension().launch(_PARAMS_STRUCT.pack(*params))
-    return dx
+    params = _NO_PARAMS._replace(rows=rows, cols=x.shape[1], group=plan.group, family=family,
+                                 dtype=_DTYPE_CODES[x.dtype], grid=plan.grid, device=index,
+                                 stream=_current_stream(index), class_stride=class_stride, **fields)
+    _options_extension().launch(_PARAMS_STRUCT.pack(*params))
 
 
 def _empty_gradient(logits, dtype):
