@@ -4011,12 +4011,13 @@ class _Loss(torch.autograd.Function):
             torch.autograd.graph.increment_version(input)
         _save_for_gradient(ctx, op_inputs, (loss, state), inplace)
         ctx.written = _Written(dx, scale, inplace) if dx is not None else None
+        ctx.inplace = inplace
         return loss, state
 
     @staticmethod
     def backward(ctx, grad, grad_state):
         written, ctx.written = ctx.written, None  # a second backward (retain_graph) writes the gradient anew ...
-        if written is None and ctx.saved_tensors[0] is None:  # ... from the logits, which inplace overwrote
+        if written is None and ctx.inplace:  # ... from the logits, which inplace overwrote
             raise RuntimeError("inplace=True: the logits hold the first backward's gradient, and a second backward "
                                "through the graph (retain_graph) needs the logits")
         return *_gradient(ctx, grad, grad_state, _backward, written), None
