@@ -182,48 +182,58 @@ def peak_extra_bytes(fn, args):
 
 def train_main(args):
     """Each of TRAIN_SHAPES: the step of every implementation, its time over the copy's and its
-    memory, each checked against eager PyTorch's step in float32."""
+    memory, each checked against eager PyTorch's step in float32. torch.compile in a phase of its own,
+    after the others at every shape, as the forward sweep times it: its background compile workers
+    slow the host of whatever is timed after them."""
     import model_new
     rows = []
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else None
-    for n, c, d in TRAIN_SHAPES:
-        if shapes and (n, c) not in shapes or d not in args.dtypes.split(","):
-            continue
-        x = (torch.randn(n, c, device="cuda") * 2).to(DTYPES[d]).requires_grad_()
-        t = torch.randint(0, c, (n,), device="cuda")
-        torch._dynamo.reset()
-        losses = {"model_new": model_new.cross_entropy, "eager": reference_loss}
-        if not args.no_compile:
-            losses["compile"] = torch.compile(reference_loss, backend="inductor", mode="default", dynamic=False)
-        want_loss, want_grad = run_eval.run_model(reference_loss, [x.float(), t], backward=True)
-        tol = 1e-5 if x.dtype == torch.float32 else 2e-2
-        fns = {impl: run_eval.training_step(f) for impl, f in losses.items()}
-        fns["copy"] = run_eval.copy_fn()
-        copy_ms = timed_mean(fns["copy"], [x, t], args.trials)
-        for impl, fn in fns.items():
-            loss, grad = run_eval.run_model(losses[impl], [x, t], True) if impl != "copy" else (want_loss, want_grad)
-            correct = bool(torch.allclose(loss.float(), want_loss, rtol=tol, atol=tol) and
-                           torch.allclose(grad.float(), want_grad, rtol=tol, atol=tol * want_grad.abs().max()))
-            del loss, grad
-            x.grad = None
-            times = run_eval.time_cuda_event(fn, [x, t], x.device, trials=args.trials)
-            mean = run_eval.timing_stats(times)["mean_exact"]
-            x.grad = None
-            rows.append({"N": n, "C": c, "dtype": d, "impl": impl, "mean_ms": mean, "median_ms": statistics.median(times),
-                         "copy_ms": copy_ms, "peak_extra_bytes": peak_extra_bytes(fn, [x, t]), "correct": correct,
-                         "device": torch.cuda.get_device_name(), "torch": torch.__version__})
-            x.grad = None
-            print(f"  {n} x {c} {d:9s} {impl:9s} {mean:.4f} ms  {mean / copy_ms:5.2f}x the copy  extra "
-                  f"{rows[-1]['peak_extra_bytes'] / (x.numel() * x.element_size()):4.2f}x the logits  correct {correct}",
-                  flush=True)
-        del x, t, want_grad
-        torch.cuda.empty_cache()
-        if args.out:
-            with open(args.out + ".json", "w") as f:
-                json.dump(rows, f, indent=1)
+    combos = [(n, c, d) for n, c, d in TRAIN_SHAPES
+              if not (shapes and (n, c) not in shapes or d not in args.dtypes.split(","))]
+    phases = [("model_new", "eager", "copy")] + ([] if args.no_compile else [("compile",)])
+    for impls in phases:
+        for n, c, d in combos:
+            rows += train_rows(n, c, d, impls, args.trials, model_new)
+            if args.out:
+                with open(args.out + ".json", "w") as f:
+                    json.dump(rows, f, indent=1)
     if args.out and can_plot():
         plot_train(rows, args.out + ".png")
     return 0 if all(r["correct"] for r in rows) else 1
+
+
+def train_rows(n, c, d, impls, trials, model_new):
+    """The training sweep's rows of `impls` at one shape, beside a copy of the logits timed first."""
+    rows = []
+    x = (torch.randn(n, c, device="cuda") * 2).to(DTYPES[d]).requires_grad_()
+    t = torch.randint(0, c, (n,), device="cuda")
+    torch._dynamo.reset()
+    losses = {"model_new": model_new.cross_entropy, "eager": reference_loss}
+    if "compile" in impls:
+        losses["compile"] = torch.compile(reference_loss, backend="inductor", mode="default", dynamic=False)
+    want_loss, want_grad = run_eval.run_model(reference_loss, [x.float(), t], backward=True)
+    tol = 1e-5 if x.dtype == torch.float32 else 2e-2
+    fns = {impl: run_eval.training_step(losses[impl]) if impl != "copy" else run_eval.copy_fn() for impl in impls}
+    copy_ms = timed_mean(run_eval.copy_fn(), [x, t], trials)
+    for impl, fn in fns.items():
+        loss, grad = run_eval.run_model(losses[impl], [x, t], True) if impl != "copy" else (want_loss, want_grad)
+        correct = bool(torch.allclose(loss.float(), want_loss, rtol=tol, atol=tol) and
+                       torch.allclose(grad.float(), want_grad, rtol=tol, atol=tol * want_grad.abs().max()))
+        del loss, grad
+        x.grad = None
+        times = run_eval.time_cuda_event(fn, [x, t], x.device, trials=trials)
+        mean = run_eval.timing_stats(times)["mean_exact"]
+        x.grad = None
+        rows.append({"N": n, "C": c, "dtype": d, "impl": impl, "mean_ms": mean, "median_ms": statistics.median(times),
+                     "copy_ms": copy_ms, "peak_extra_bytes": peak_extra_bytes(fn, [x, t]), "correct": correct,
+                     "device": torch.cuda.get_device_name(), "torch": torch.__version__})
+        x.grad = None
+        print(f"  {n} x {c} {d:9s} {impl:9s} {mean:.4f} ms  {mean / copy_ms:5.2f}x the copy  extra "
+              f"{rows[-1]['peak_extra_bytes'] / (x.numel() * x.element_size()):4.2f}x the logits  correct {correct}",
+              flush=True)
+    del x, t, want_grad
+    torch.cuda.empty_cache()
+    return rows
 
 
 def options_main(args, shapes):
