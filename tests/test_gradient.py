@@ -394,8 +394,8 @@ def test_inplace_writes_the_gradient_over_the_logits(dtype):
 def test_inplace_refuses_what_it_would_get_wrong():
     """Autograd raises where a tensor saved from the logits would be read (it holds the gradient now);
     leaves, probability targets that train, a gradient through the returned log-sum-exp, a layout the
-    kernels copy, rows that overlap in memory and a second backward are refused; without a gradient
-    the logits stay as they were."""
+    kernels copy, rows that overlap in memory and a second backward are refused (rows further apart
+    than C, or of one class, are not); without a gradient the logits stay as they were."""
     w = logits(64, 1000, torch.float32).requires_grad_()
     t = class_targets((64, 1000), 1000)
     y = w * 2
@@ -418,6 +418,16 @@ def test_inplace_refuses_what_it_would_get_wrong():
         with pytest.raises(RuntimeError, match="overlap"):
             model_new.cross_entropy(overlapping, t, inplace=True)
     assert torch.equal(y, w.detach() * 2)  # refused before any launch
+    # not refused: rows further apart than C, and rows of one class; the logits hold their gradient after
+    for cols, legal in ((999, lambda y: y[:, :999]), (1, lambda y: y[:, :1].contiguous())):
+        tl = t.clamp(max=cols - 1)
+        grads = []
+        for inplace in (False, True):
+            w.grad = None
+            y = legal(w * 2)
+            model_new.cross_entropy(y, tl, inplace=inplace).backward()
+            grads.append(w.grad)
+        assert torch.equal(grads[0], grads[1]) and torch.equal(y * 2, grads[1][:, :cols]), cols
     loss = model_new.cross_entropy(w * 2, t, inplace=True)
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="second backward"):
