@@ -3835,14 +3835,13 @@ def _cross_entropy_backward(grad, grad_lse, logits, targets, options, state, pro
                             into=None):
     """(d loss / d logits, d loss / d targets or None): grad, the loss's incoming gradient (its
     shape); grad_lse, the log-sum-exp's (or None); state, the forward's (m, s) a row; probs_grad: also the
-    probability targets' gradient; written: the fused forward's (dx, scale) (_cross_entropy's), whose
-    rows stand where grad is 1 and no grad_lse reaches them; into: where to write d loss / d logits, the
+    probability targets' gradient; written: the fused forward's gradient (_Written), whose rows stand where grad is 1 and no grad_lse reaches them; into: where to write d loss / d logits, the
     logits themselves (each element is read before it is written, by the same thread)."""
     probs = targets.dtype.is_floating_point
     shape, target_dtype = logits.shape, targets.dtype
     x, t, class_stride, rows, _ = _as_rows(logits, targets, probs)
     cols = x.shape[1]
-    dx = written[0] if written else into if into is not None else _empty_gradient(logits, x.dtype)
+    dx = written.dx if written else into if into is not None else _empty_gradient(logits, x.dtype)
     dq = _empty_gradient(logits, t.dtype) if probs and probs_grad else None
 
     def as_rows(g):  # the kernel's view: rows of C, or (strided classes) the (N, C, d1, ..., dk) itself
@@ -3855,7 +3854,7 @@ def _cross_entropy_backward(grad, grad_lse, logits, targets, options, state, pro
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing and not probs else None
     grad_in = grad_out = grad.reshape(-1).float().contiguous()
     if options.reduction == "mean":  # over the mean's divisor, on the device: no host synchronization
-        grad_out = grad_in * written[1] if written else grad_in / (rows if probs else _counted(t, weight, options.ignore_index))
+        grad_out = grad_in * written.scale if written else grad_in / (rows if probs else _counted(t, weight, options.ignore_index))
     grad_lse = grad_lse.reshape(-1).float().contiguous() if grad_lse is not None else None
     _launch_on_rows(
         _GRADIENT, x, rows, class_stride, logits=x.data_ptr(), targets=0 if probs else t.data_ptr(),
@@ -3953,7 +3952,7 @@ def _save_for_gradient(ctx, inputs, output, inplace=False):
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no work for it
 
 
-def _gradient(ctx, grad, grad_state, backward, written=None):
+def _gradient(ctx, grad, grad_state, backward, written=None, inplace=False):
     """The gradients of the forward's inputs, by `backward` (_backward, or its operator), or where
     the forward wrote the gradient for an incoming 1 (written: _Written, eager calls' alone) from
     there: by _cross_entropy_backward, or over the logits (inplace) by _scale_in_place. grad_state: the
@@ -3967,7 +3966,7 @@ def _gradient(ctx, grad, grad_state, backward, written=None):
         grad = torch.zeros((), dtype=torch.float32, device=state.device)
         if ctx.options[1] == "none":
             grad = grad.expand(state.shape[:1])
-    if written and written.inplace:
+    if written and inplace:
         if grad_lse is not None:
             raise RuntimeError("inplace=True wrote the gradient over the logits, and the log-sum-exp's gradient needs "
                                "them: leave inplace off where the returned lse reaches the result")
@@ -3981,11 +3980,10 @@ def _gradient(ctx, grad, grad_state, backward, written=None):
 
 
 class _Written(NamedTuple):
-    """A forward's gradient for an incoming 1: dx, the mean's 1 / divisor it used (scale: None for the
-    sum and none), and whether dx is the logits themselves (inplace)."""
+    """A forward's gradient for an incoming 1: dx (inplace: the logits themselves) and the mean's
+    1 / divisor it used (scale: None for the sum and none)."""
     dx: torch.Tensor
     scale: Optional[torch.Tensor]
-    inplace: bool
 
 
 class _Loss(torch.autograd.Function):
@@ -4010,7 +4008,7 @@ class _Loss(torch.autograd.Function):
                 dx, _ = _cross_entropy_backward(ones, None, input, target, options, state, into=input)
             torch.autograd.graph.increment_version(input)
         _save_for_gradient(ctx, op_inputs, (loss, state), inplace)
-        ctx.written = _Written(dx, scale, inplace) if dx is not None else None
+        ctx.written = _Written(dx, scale) if dx is not None else None
         ctx.inplace = inplace
         return loss, state
 
@@ -4020,7 +4018,7 @@ class _Loss(torch.autograd.Function):
         if written is None and ctx.inplace:  # ... from the logits, which inplace overwrote
             raise RuntimeError("inplace=True: the logits hold the first backward's gradient, and a second backward "
                                "through the graph (retain_graph) needs the logits")
-        return *_gradient(ctx, grad, grad_state, _backward, written), None
+        return *_gradient(ctx, grad, grad_state, _backward, written, ctx.inplace), None
 
 
 def _op_namespace():
