@@ -2674,7 +2674,19 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
           float dx[L::kPerVec];
 #pragma unroll
           for (int i = 0; i < L::kPerVec; ++i)
-            dx[i] = element_gradient<L, false>(p, r, L::at(xb[u], i), weight(col + i), 0.f, col + i == r.target, unused);
+            dx[i] = element_gradient<L, false>(p, r, L::at(xb[u], i), weight(col + i), 0.f,
+                                               kSoftCapped<L> && col + i == r.target, unused);
+          // The target's element again, as the target: one test a vector, not one an element (not
+          // where soft-capped: the cap's registers and these spilled).
+          const int at = r.target - col;
+          if (!kSoftCapped<L> && unsigned(at) < unsigned(L::kPerVec)) {
+            float x = 0.f;
+#pragma unroll
+            for (int i = 0; i < L::kPerVec; ++i) x = i == at ? L::at(xb[u], i) : x;
+            const float d = element_gradient<L, false>(p, r, x, weight(r.target), 0.f, true, unused);
+#pragma unroll
+            for (int i = 0; i < L::kPerVec; ++i) dx[i] = i == at ? d : dx[i];
+          }
           dx_vecs[v] = vector_of<L>(dx);
         }
       }
