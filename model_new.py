@@ -2480,29 +2480,19 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
 // reduces, the others' loads are in flight; and in a cluster, whose CTAs wait for each other every
 // row, from the next share's copy, in flight through the wait.
 
-// (m, s) and Gap merged from n shares, share(i) a float4 (m, s, Gap), in the same order wherever
-// they are merged, so that every lane that merges them holds the same bits. Not unrolled: a count
-// known at compile time (the CTA's warps) unrolled into loads that took the row's registers.
+// (m, s) and Gap merged from n shares (n a power of two, at most 32), share(i) a float4 (m, s, Gap):
+// each lane loads share(lane mod n), and butterflies over n lanes merge them, so that every lane
+// holds the same bits. A loop over the shares in each lane waited on each load in turn.
 template <class Share>
 __device__ __forceinline__ void merge_shares(Lse& st, Gap& gap, bool smooth, int n, Share share) {
-  float m = -INFINITY;
-#pragma unroll 1
-  for (int i = 0; i < n; ++i) m = fmaxf(m, share(i).x);
-  const float base = safe_base(m);
-  float s = 0.f;
-  Gap all = {0.f, 0.f};
-#pragma unroll 1
-  for (int i = 0; i < n; ++i) {
-    const float4 o = share(i);
-    s += o.y * exp2_approx((o.x - base) * kLog2e);  // +inf max: inf - inf = NaN, as in PyTorch
-    if (smooth) all = {all.sum + gap_rebase({o.z, o.w}, safe_base(o.x), base).sum, all.weight + o.w};
-  }
-  st = {m, s};
-  gap = all;
+  const float4 o = share(int(threadIdx.x) & (n - 1));
+  st = {o.x, o.y};
+  lse_reduce_lanes(st, n);
+  if (smooth) gap = gap_lanes_sum(gap_rebase({o.z, o.w}, safe_base(o.x), safe_base(st.m)), n);
 }
 
 // The merged (m, s) and Gap of `group` lanes, in every lane: within a warp by butterflies, across
-// warps through a float4 per warp in `state`, which every lane of the group reads in the same order;
+// warps through a float4 per warp in `state`, which each warp of the group merges (merge_shares);
 // where a cluster's `ctas` CTAs hold the row, across them through `cta_states`, a float4 per CTA,
 // which each CTA stores into every CTA's, counted on `arrivals` (the row's `phase` of it).
 // (Unused where the build has no fused family.)
