@@ -2482,7 +2482,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
 
 // (m, s) and Gap merged from n shares (n a power of two, at most 32), share(i) a float4 (m, s, Gap):
 // each lane loads share(lane mod n), and butterflies over n lanes merge them, so that every lane
-// holds the same bits. A loop over the shares in each lane waited on each load in turn.
+// holds the same bits: one load a lane, where a loop over the shares waits on each load in turn.
 template <class Share>
 __device__ __forceinline__ void merge_shares(Lse& st, Gap& gap, bool smooth, int n, Share share) {
   const float4 o = share(int(threadIdx.x) & (n - 1));
@@ -2654,6 +2654,9 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     const float all_weights = class_weights ? __ldg(p.weight_total) : float(p.cols);
     const RowGradient r = class_row_gradient(p, make_float2(st.m, st.s), code, w_t, g, 0.f, all_weights, class_weights);
     uint4* dx_vecs = reinterpret_cast<uint4*>(dx_row + cut.head);
+    // The target's element is computed again, as the target, in the vector that holds it: one test a
+    // vector, not one an element (not where soft-capped: the cap's registers and the fix-up's spilled).
+    constexpr bool kTargetPerVector = !kSoftCapped<L>;
     auto write_gradient = [&](auto weight) {
       float unused;
 #pragma unroll
@@ -2665,17 +2668,15 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
 #pragma unroll
           for (int i = 0; i < L::kPerVec; ++i)
             dx[i] = element_gradient<L, false>(p, r, L::at(xb[u], i), weight(col + i), 0.f,
-                                               kSoftCapped<L> && col + i == r.target, unused);
-          // The target's element again, as the target: one test a vector, not one an element (not
-          // where soft-capped: the cap's registers and these spilled).
-          const int at = r.target - col;
-          if (!kSoftCapped<L> && unsigned(at) < unsigned(L::kPerVec)) {
-            float x = 0.f;
+                                               !kTargetPerVector && col + i == r.target, unused);
+          const int t_elem = r.target - col;
+          if (kTargetPerVector && unsigned(t_elem) < unsigned(L::kPerVec)) {
+            float x = 0.f;  // by selects: L::at with the run-time index spilled the bf16 instance
 #pragma unroll
-            for (int i = 0; i < L::kPerVec; ++i) x = i == at ? L::at(xb[u], i) : x;
+            for (int i = 0; i < L::kPerVec; ++i) x = i == t_elem ? L::at(xb[u], i) : x;
             const float d = element_gradient<L, false>(p, r, x, weight(r.target), 0.f, true, unused);
 #pragma unroll
-            for (int i = 0; i < L::kPerVec; ++i) dx[i] = i == at ? d : dx[i];
+            for (int i = 0; i < L::kPerVec; ++i) dx[i] = i == t_elem ? d : dx[i];
           }
           dx_vecs[v] = vector_of<L>(dx);
         }
