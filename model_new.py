@@ -30,7 +30,8 @@ Where to look:
   the GPU               _gpu: the driver's figures the policy reads (_DEVICE_ATTRIBUTES)
   the boundary          _PARAMS: the launch's one parameter block, declared once for both sides
   the dispatch          _cross_entropy, called by ModelNew.forward and cross_entropy (through _loss)
-  the gradient          _Loss (eager autograd, the fused family: _fused_plan), _cross_entropy_backward,
+  the gradient          FusedLoss in _TRAINING_SRC (eager autograd where the fused family takes the
+                        logits: _fused_plan), _Loss (eager, the rest), _cross_entropy_backward,
                         _forward_op (torch.compile)
 The figures behind each choice are in bench/PERF.md, by the section a comment names.
 
@@ -2885,11 +2886,8 @@ std::string device_attributes(int device) {
   return std::string(reinterpret_cast<const char*>(values), sizeof values);
 }
 
-// The launch: its parameter block as the host packed it (model_new._PARAMS, the layout of Params).
-void launch_cross_entropy(const std::string& block) {
-  Params p;
-  if (block.size() != sizeof p) throw std::invalid_argument("cross-entropy launch: the parameter block has the wrong size");
-  std::memcpy(&p, block.data(), sizeof p);
+// The launch of a parameter block, checked against the instances this build has.
+void launch_params(const Params& p) {
   const bool options_family = kOptions && (p.family == kFamilyStreamed || p.family == kFamilyGradient ||
                                             p.family == kFamilyFused || p.family == kFamilyScale);
   const bool known = (p.family == kFamilyRows || p.family == kFamilyTiles || p.family == kFamilyRowBatches ||
@@ -2916,6 +2914,14 @@ void launch_cross_entropy(const std::string& block) {
   if (err != cudaSuccess)
     throw std::runtime_error(std::string("cross-entropy kernel launch failed: ") + cudaGetErrorString(err));
 }
+
+// The launch: its parameter block as the host packed it (model_new._PARAMS, the layout of Params).
+void launch_cross_entropy(const std::string& block) {
+  Params p;
+  if (block.size() != sizeof p) throw std::invalid_argument("cross-entropy launch: the parameter block has the wrong size");
+  std::memcpy(&p, block.data(), sizeof p);
+  launch_params(p);
+}
 """
 
 _CPP_SRC = r"""
@@ -2924,11 +2930,122 @@ _CPP_SRC = r"""
 
 void launch_cross_entropy(const std::string& block);
 std::string device_attributes(int device);
+void define_training(pybind11::module_& m);  // the options build's: _TRAINING_SRC
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("launch", &launch_cross_entropy, "Launch a cross-entropy kernel from its packed parameter block.");
   m.def("device_attributes", [](int device) { return pybind11::bytes(device_attributes(device)); },
         "The driver's figures for the launch policy, packed.");
+  if constexpr (kOptions) define_training(m);
+}
+"""
+
+# The eager training step where the fused family takes it (model_new._cross_entropy's `node`): a node
+# of autograd's own, in C++, as eager PyTorch's losses are. Python's autograd.Function cost the step's
+# host two to three times eager's ("Host time" under "The gradient"); here the forward allocates the
+# loss, the rows' (m, s) and the gradient, and the backward runs on autograd's engine with no Python.
+# The arithmetic is _gradient's: the same kernels, the same fields.
+_TRAINING_HEADERS = """#include <torch/extension.h>
+#include <ATen/DeviceAccelerator.h>
+#include <algorithm>
+#include <cstring>
+"""
+_TRAINING_SRC = r"""
+void launch_params(const Params& p);
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+Params unpack(const std::string& block) {
+  Params p;
+  TORCH_CHECK(block.size() == sizeof p, "cross-entropy launch: the parameter block has the wrong size");
+  std::memcpy(&p, block.data(), sizeof p);
+  return p;
+}
+
+std::string pack(const Params& p) { return std::string(reinterpret_cast<const char*>(&p), sizeof p); }
+
+template <class T>
+T* pointer(const at::Tensor& t) { return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr; }
+
+// model_new._empty_gradient's layout: channels last where the logits are, else contiguous.
+at::Tensor empty_gradient(const at::Tensor& logits) {
+  if (logits.dim() > 2 && logits.movedim(1, -1).is_contiguous()) {
+    std::vector<int64_t> sizes = logits.sizes().vec();
+    std::rotate(sizes.begin() + 1, sizes.begin() + 2, sizes.end());  // the classes last
+    return at::empty(sizes, logits.options()).movedim(-1, 1);
+  }
+  return at::empty(logits.sizes(), logits.options());
+}
+
+// block: the fused launch's parameters, packed by the dispatch with no loss, state or gradient yet;
+// gradient_group and gradient_grid: the gradient family's plan for the same rows, the backward's.
+struct FusedLoss : torch::autograd::Function<FusedLoss> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
+                               const std::optional<at::Tensor>& weight, const std::string& block,
+                               int64_t gradient_group, int64_t gradient_grid, const std::vector<int64_t>& loss_shape) {
+    Params p = unpack(block);
+    const auto f32 = logits.options().dtype(at::kFloat);
+    const at::Tensor loss = at::empty(loss_shape, logits.options());
+    const at::Tensor state = at::empty({int64_t(p.rows), 2}, f32);
+    const at::Tensor dx = empty_gradient(logits);
+    const at::Tensor scale = p.reduction == kReductionMean ? at::empty({}, f32) : at::Tensor();  // 1 / divisor
+    const at::Tensor weight_total = weight && p.label_smoothing != 0.f ? weight->sum(at::kFloat) : at::Tensor();
+    p.out = loss.data_ptr();
+    p.losses = p.reduction == kReductionNone ? loss.data_ptr() : nullptr;
+    p.row_state = pointer<float2>(state);
+    p.grad = dx.data_ptr();
+    p.grad_out = pointer<float>(scale);
+    p.weight_total = pointer<const float>(weight_total);
+    launch_params(p);
+    p.family = kFamilyGradient;  // the backward's launch: these rows, the gradient family's plan
+    p.group = int(gradient_group);
+    p.grid = int(gradient_grid);
+    ctx->save_for_backward({logits, targets, weight.value_or(at::Tensor()), state, scale, weight_total});
+    ctx->saved_data["params"] = pack(p);
+    ctx->saved_data["written"] = dx;  // for an incoming 1: the first backward's
+    ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined: no work for it
+    return {loss, state};
+  }
+
+  // The gradient the forward wrote, its rows whose incoming gradient is not 1 (or that the
+  // log-sum-exp's reaches) written anew; a second backward (retain_graph) writes every row.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(), "cross_entropy's gradient has no gradient of its own: double backward "
+                "(create_graph=True through the loss) is not supported");
+    const variable_list saved = ctx->get_saved_variables();  // refuses logits changed in place since
+    const at::Tensor &logits = saved[0], &scale = saved[4];
+    Params p = unpack(ctx->saved_data["params"].toStringRef());
+    const at::IValue written = std::exchange(ctx->saved_data["written"], at::IValue());
+    at::Tensor grad = grads[0];
+    if (!grad.defined())  // only the log-sum-exp reached the result
+      grad = p.reduction == kReductionNone ? at::zeros({int64_t(p.rows)}, logits.options().dtype(at::kFloat))
+                                           : at::zeros({}, logits.options().dtype(at::kFloat));
+    const at::Tensor grad_in = grad.reshape(-1).to(at::kFloat).contiguous();
+    const at::Tensor grad_out = scale.defined() ? grad_in * scale : grad_in;  // the mean's over its divisor
+    const at::Tensor grad_lse = grads[1].defined() ? grads[1].select(1, 0).to(at::kFloat).contiguous() : at::Tensor();
+    const at::Tensor dx = written.isTensor() ? written.toTensor() : empty_gradient(logits);
+    p.stream = static_cast<cudaStream_t>(at::accelerator::getCurrentStream(logits.get_device()).native_handle());
+    p.grad = dx.data_ptr();
+    p.grad_out = pointer<float>(grad_out);
+    p.grad_lse = pointer<const float>(grad_lse);
+    p.grad_in = written.isTensor() ? pointer<const float>(grad_in) : nullptr;
+    launch_params(p);
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+void define_training(pybind11::module_& m) {
+  m.def("fused_loss",
+        [](const at::Tensor& logits, const at::Tensor& targets, const std::optional<at::Tensor>& weight,
+           const std::string& block, int64_t gradient_group, int64_t gradient_grid, std::vector<int64_t> loss_shape) {
+          return FusedLoss::apply(logits, targets, weight, block, gradient_group, gradient_grid, loss_shape);
+        },
+        "(loss, state) of a fused launch, with the loss's gradient as an autograd node.");
 }
 """
 
@@ -3483,6 +3600,14 @@ def _cuda_source(options=False):
     return _cuda_preamble(options) + _CUDA_SRC
 
 
+def _cpp_source(options=False):
+    """The host's module: the launch and the driver's figures, and the options build's training node,
+    whose torch headers come ahead of the preamble (kBFloat16 is also torch's name)."""
+    if not options:
+        return _cuda_preamble() + _CPP_SRC
+    return _TRAINING_HEADERS + _cuda_preamble(True) + _TRAINING_SRC + _CPP_SRC
+
+
 def _workspace_layout(plan, rows):
     """Byte offsets of the exact sum, the weights' exact sum and the segment partials, and the bytes
     in all. The counters fill the first 16 bytes (CTAs arrived, chunks claimed, rows ignored:
@@ -3525,7 +3650,7 @@ def _build(archs, ptx=False, options=False):
     codes = [f"compute_{arch}" if ptx else f"sm_{arch}" for arch in archs]
     return load_inline(
         name="kb95_cross_entropy_" + "_".join(codes) + ("_options" if options else ""),
-        cpp_sources=[_CPP_SRC],
+        cpp_sources=[_cpp_source(options)],
         cuda_sources=[_cuda_source(options)],
         extra_cflags=["-O2"],
         extra_cuda_cflags=_nvcc_flags(
@@ -3640,13 +3765,16 @@ def _first_bad_target(targets, cols, ignore_index):
 # 90 us queued ahead of both: host work that outlasts the flush shows in the time ("Build and host
 # time"). So the dispatch reads each tensor attribute once, plans once per problem (_plan_on), and
 # asks torch for the raw stream handle.
-def _cross_entropy(logits, targets, options, check_targets=False, train=False, fuse=False, inplace=False):
+def _cross_entropy(logits, targets, options, check_targets=False, train=False, fuse=False, inplace=False,
+                   node=False):
     """The loss, and (options.return_lse) every row's log-sum-exp. `train`: the forward of a loss
     that trains: (loss, state, dx, scale) comes back, state every row's (m, s) (rows x 2, float32: the
     gradient's input, and the log-sum-exp's: _lse), and where `fuse` (the logits alone require grad)
     and the fused family took the problem, dx the gradient for an incoming 1 (`inplace`: written over
     the logits, which must be where the kernels read them) and scale the mean's 1 / divisor it used
-    (None for the sum and none); else both None."""
+    (None for the sum and none); else both None. `node` (with train and fuse): (loss, state) with the
+    loss's gradient as the training node's (_TRAINING_SRC), which allocates them, where the fused family
+    reads the logits in place; else None, and no launch (the caller takes _Loss)."""
     probs = _check_inputs(logits, targets)
     shape, original = logits.shape, logits
     logits, targets, class_stride, rows, result_dtype = _as_rows(logits, targets, probs)
@@ -3675,6 +3803,8 @@ def _cross_entropy(logits, targets, options, check_targets=False, train=False, f
                          f"{_MAX_SEG} classes; got {cols}")
     plan = _plan_on(index, rows, cols, row_stride, elem_bytes, logits_ptr % 16, weight is not None, smoothing != 0,
                     probs, class_stride, softcap != 0, fuse)
+    if node and not (plan.family == _FUSED and logits_ptr == original.data_ptr()):
+        return None
     exact_off, weight_off, seg_off, nbytes = _workspace_layout(plan, rows)
     stream = _current_stream(index)
     # Held until the launch: inside graph capture it is not cached, and a buffer freed there would be
@@ -3682,16 +3812,17 @@ def _cross_entropy(logits, targets, options, check_targets=False, train=False, f
     ws = _workspace(index, stream, nbytes)
     base = ws.data_ptr()
     reduction = options.reduction
-    # reduction none: a loss per row, which the kernel writes instead of the result
-    out = torch.empty(() if reduction != "none" else (rows,), dtype=result_dtype, device=logits.device)
-    out_ptr = out.data_ptr()
     keep_state = train or options.return_lse
-    state = torch.empty((rows, 2), dtype=torch.float32, device=logits.device) if keep_state else None
-    dx = scale = weight_total = None
-    if plan.family == _FUSED:  # the gradient, and where the launch stores the mean's 1 / divisor
+    out = state = dx = scale = weight_total = None
+    if not node:  # (else the node's forward allocates them)
+        # reduction none: a loss per row, which the kernel writes instead of the result
+        out = torch.empty(() if reduction != "none" else (rows,), dtype=result_dtype, device=logits.device)
+        state = torch.empty((rows, 2), dtype=torch.float32, device=logits.device) if keep_state else None
+    if plan.family == _FUSED and not node:  # the gradient, and where the launch stores the mean's 1 / divisor
         dx = original if inplace else _empty_gradient(original, logits.dtype)
         scale = torch.empty((), dtype=torch.float32, device=logits.device) if reduction == "mean" else None
         weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing else None
+    out_ptr = 0 if out is None else out.data_ptr()
     params = _Params(
         logits=logits_ptr, targets=0 if probs else targets.data_ptr(), out=out_ptr, counter=base,
         ignored_rows=base + 8, exact=base + exact_off, seg_partials=base + seg_off, rows=rows, cols=cols,
@@ -3709,6 +3840,11 @@ def _cross_entropy(logits, targets, options, check_targets=False, train=False, f
         softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0,
         grad=0 if dx is None else dx.data_ptr(), grad_row_stride=cols, grad_out=0 if scale is None else scale.data_ptr(),
         grad_lse=0, weight_total=0 if weight_total is None else weight_total.data_ptr(), grad_probs=0, grad_in=0)
+    if node:
+        gradient = _gradient_plan(rows, cols, elem_bytes, _gpu(index), 1)
+        loss_shape = () if reduction != "none" else shape[:1] + shape[2:] if len(shape) > 1 else ()
+        return _options_extension().fused_loss(original, targets, weight, _PARAMS_STRUCT.pack(*params), gradient.group,
+                                               gradient.grid, loss_shape)
     default_build = options is _DEFAULTS and not streamed and not keep_state  # row_state: the options build's
     (_ext if default_build else _options_extension()).launch(_PARAMS_STRUCT.pack(*params))
     if len(shape) != 2 and reduction == "none":  # per row: back to the samples' shape
@@ -3827,10 +3963,12 @@ def _check_targets_from_env():
 
 # =============================================================================================
 # The gradient: the forward saves every row's (m, s), and the backward reads the logits once more and
-# writes d loss / d logits once (the gradient family). Eager calls go through an autograd.Function,
-# whose forward, where the logits alone train and the fused family takes them, writes the gradient
-# for an incoming 1 in the same launch as the loss: the backward then rewrites only the rows whose
-# incoming gradient is not 1 (inplace: scales them, the logits being gone). torch.compile sees two
+# writes d loss / d logits once (the gradient family). Where the logits alone train and the fused
+# family takes them, the forward writes the gradient for an incoming 1 in the same launch as the loss,
+# and the backward rewrites only the rows whose incoming gradient is not 1: in eager calls through the
+# training node (FusedLoss, _TRAINING_SRC), C++ from the call to the backward, else (inplace, which
+# scales those rows, the logits being gone) through an autograd.Function, _Loss, which takes every
+# other eager call too (probability targets, strided classes, rows past a cluster). torch.compile sees two
 # custom operators, one opaque node each, with the same formula registered for autograd, and no fused
 # launch. (A custom operator's eager dispatch costs the host several times an autograd.Function's:
 # pytorch/pytorch#176592.)
@@ -3990,8 +4128,9 @@ class _Written(NamedTuple):
 
 
 class _Loss(torch.autograd.Function):
-    """The loss with its gradient, for eager calls. forward takes ctx itself: with a separate
-    setup_context, apply binds every call's arguments to forward's signature ("The gradient").
+    """The loss with its gradient, for eager calls the training node does not take (_loss). forward
+    takes ctx itself: with a separate setup_context, apply binds every call's arguments to forward's
+    signature ("The gradient").
     inplace: the forward writes the logits' gradient over them, by the fused launch or else by the
     gradient's kernel right after the loss's, and bumps their version: autograd then refuses any
     tensor saved from them (a "modified by an inplace operation" error), where it would have read the
@@ -4078,8 +4217,12 @@ def _loss(input, target, options, check_targets, inplace=False):
                                "one), as PyTorch refuses in-place operations on them")
         if inplace and target.requires_grad:
             raise ValueError("inplace=True overwrites the logits, and the probability targets' gradient needs them")
-        loss, state = _Loss.apply(input, target, options.weight, options.ignore_index, options.reduction,
-                                  options.label_smoothing, options.z_loss, options.softcap, check_targets, inplace)
+        trained = None
+        if input.requires_grad and not getattr(target, "requires_grad", False) and not inplace:
+            trained = _cross_entropy(input, target, options, check_targets, train=True, fuse=True, node=True)
+        loss, state = trained or _Loss.apply(input, target, options.weight, options.ignore_index, options.reduction,
+                                             options.label_smoothing, options.z_loss, options.softcap, check_targets,
+                                             inplace)
     return (loss, _lse(state, input.shape)) if options.return_lse else loss
 
 

@@ -1,12 +1,15 @@
 """The embedded CUDA source, its default build and its options build, compiles for every
 architecture a leaderboard's GPUs have (sm_75 to sm_120) into the instances the launch can pick,
-with no register spills and no more shared memory than the policy counts (CPU-only: nvcc)."""
+with no register spills and no more shared memory than the policy counts, and the host module's C++
+with it (CPU-only: nvcc)."""
 import os
 import re
 import shutil
 import subprocess
+import sysconfig
 
 import pytest
+from torch.utils import cpp_extension
 
 import model_new
 from plans import GPUS
@@ -103,3 +106,18 @@ def test_ptxas_runs_on_every_core_only_where_it_can(tmp_path):
     assert model_new._parallel_ptxas_flags(str(tmp_path / "missing")) == []
     assert model_new._parallel_ptxas_flags(None) == []
     assert model_new._nvcc_flags(["-arch=sm_90"], new)[-2:] == ["-Xptxas", "-split-compile=0"]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@pytest.mark.parametrize("options", [False, True], ids=["default", "options"])
+def test_the_host_module_compiles(options, tmp_path):
+    """The module's C++, the launch's entry and the options build's training node (which reads
+    torch's headers), compiles against this torch's headers, as load_inline builds it: nvcc drives
+    the host compiler, with CUDA's headers."""
+    src = tmp_path / "main.cpp"
+    src.write_text(model_new._cpp_source(options))
+    includes = [f"-I{path}" for path in [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]]
+    proc = subprocess.run([NVCC, "-x", "c++", "-std=c++17", "-DTORCH_EXTENSION_NAME=kb95", *includes,
+                           "-Xcompiler", "-fsyntax-only", "-c", str(src), "-o", str(tmp_path / "main.o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
