@@ -2469,8 +2469,9 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
 // the registers of a CTA, or from sm_90 on of a thread-block cluster (kClustered: up to
 // kFusedClusterCtas CTAs, equal shares of the row, each copied into shared memory by TMA while the row
 // before it is reduced, their (m, s) exchanged through distributed shared memory): each row is loaded
-// once into the registers of its group (`group` lanes, a power of two from a warp to the CTA,
-// kFusedVecs 16-byte vectors a lane at most and an edge element), reduced there to its (m, s) and Gap, which every lane of the group then holds, and from the same
+// once into the registers of its group (`group` lanes, a power of two from half a warp (a quarter for
+// float32) to the CTA, kFusedVecs 16-byte vectors a lane at most and an edge element), reduced there
+// to its (m, s) and Gap, which every lane of the group then holds, and from the same
 // registers come its loss (summed as every family sums, to the exact sum) and its gradient, by the
 // gradient's formula (above) with g the loss's gradient as returned: one over the mean's divisor,
 // counted on the device just before (cross_entropy_divisor_kernel; null: 1, for the sum and none), and
@@ -2530,7 +2531,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
   __shared__ uint64_t arrivals[2];  // where a cluster holds the row: its CTAs' shares and claim, counted
   __shared__ uint64_t share_loaded;  // ... and the bulk copy of this CTA's share of the row, into:
   extern __shared__ uint4 dynamic_smem[];  // kThreads * kVecs vectors (launch_fused_cluster)
-  // `group` lanes of a CTA take a row, from a warp to the CTA; kClustered, each of a cluster's `ctas`
+  // `group` lanes of a CTA take a row, from a few to the CTA; kClustered, each of a cluster's `ctas`
   // CTAs takes an equal share of the row's vectors, in the order of their ranks (no CTA waits on a
   // fuller one), and a chunk is a row. (An instance of its own: the cluster's variables cost the
   // CTA's rows registers they did not have.)
@@ -2898,7 +2899,7 @@ void launch_params(const Params& p) {
                      ((p.family != kFamilyGradient && p.family != kFamilyScale) ||
                       (p.group >= 1 && p.group <= 32 && (p.group & (p.group - 1)) == 0 && p.class_stride >= 1)) &&
                      (p.family != kFamilyFused ||
-                      (p.group >= 32 && p.group <= kThreads * kFusedClusterCtas && (p.group & (p.group - 1)) == 0 &&
+                      (p.group >= (p.dtype == kFloat32 ? 8 : 16) && p.group <= kThreads * kFusedClusterCtas && (p.group & (p.group - 1)) == 0 &&
                        (p.group <= kThreads || (p.softcap == 0.f && p.grid % (p.group / kThreads) == 0)) &&
                        p.probs_dtype == kClassIndices &&
                        p.class_stride == 1));
@@ -3290,14 +3291,16 @@ def _gradient_plan(rows, cols, elem_bytes, gpu, class_stride):
 
 def _fused_plan(rows, cols, elem_bytes, gpu, capped=False):
     """The fused family's launch ("The gradient"), or None where a row does not fit registers:
-    `group` lanes a row, the fewest, from a warp up, that hold its vectors at _FUSED_VECS each (half as
-    many on sm_75, as its kernel takes them); a chunk is a CTA's rows; every CTA that fits, or as many
+    `group` lanes a row, the fewest that hold its vectors at _FUSED_VECS each (half as many on sm_75,
+    as its kernel takes them), and at least a lane for each element off the vectors (fewer than two
+    vectors' worth): several rows a warp where they are short ("The gradient"); a chunk is a CTA's
+    rows; every CTA that fits, or as many
     as there are chunks. From sm_90 on, a row of more than a CTA's lanes takes the same lanes of each
     CTA of a cluster (_FUSED_CLUSTER_CTAS at most), and a chunk is a row; not where the logits are
     `capped` (the kernel's soft-capped instance has no cluster form). A cluster's CTAs hold a share of a
     row in shared memory too, which may leave an SM fewer of them."""
     per_lane = _FUSED_VECS // 2 if gpu.cc < 80 else _FUSED_VECS
-    group = max(32, _pow2_at_least(-(-cols // (16 // elem_bytes * per_lane))))
+    group = max(2 * (16 // elem_bytes), _pow2_at_least(-(-cols // (16 // elem_bytes * per_lane))))
     ctas = max(1, group // _THREADS)
     if ctas > (1 if gpu.cc < 90 or capped else _FUSED_CLUSTER_CTAS if gpu.cc == 90 else 8):
         return None
