@@ -2947,7 +2947,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 # loss, the rows' (m, s) and the gradient, and the backward runs on autograd's engine with no Python.
 # The arithmetic is _gradient's: the same kernels, the same fields.
 _TRAINING_HEADERS = """#include <torch/extension.h>
-#include <ATen/DeviceAccelerator.h>
+#include <c10/cuda/CUDAStream.h>
 #include <algorithm>
 #include <cstring>
 """
@@ -2985,7 +2985,7 @@ at::Tensor empty_gradient(const at::Tensor& logits) {
 // gradient_group and gradient_grid: the gradient family's plan for the same rows, the backward's.
 struct FusedLoss : torch::autograd::Function<FusedLoss> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
-                               const std::optional<at::Tensor>& weight, const std::string& block,
+                               const c10::optional<at::Tensor>& weight, const std::string& block,
                                int64_t gradient_group, int64_t gradient_grid, const std::vector<int64_t>& loss_shape) {
     Params p = unpack(block);
     const auto f32 = logits.options().dtype(at::kFloat);
@@ -3004,6 +3004,7 @@ struct FusedLoss : torch::autograd::Function<FusedLoss> {
     p.family = kFamilyGradient;  // the backward's launch: these rows, the gradient family's plan
     p.group = int(gradient_group);
     p.grid = int(gradient_grid);
+    // Saved for the backward's block, which points at them; autograd refuses logits changed since.
     ctx->save_for_backward({logits, targets, weight.value_or(at::Tensor()), state, scale, weight_total});
     ctx->saved_data["params"] = pack(p);
     ctx->saved_data["written"] = dx;  // for an incoming 1: the first backward's
@@ -3016,7 +3017,7 @@ struct FusedLoss : torch::autograd::Function<FusedLoss> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     TORCH_CHECK(!at::GradMode::is_enabled(), "cross_entropy's gradient has no gradient of its own: double backward "
                 "(create_graph=True through the loss) is not supported");
-    const variable_list saved = ctx->get_saved_variables();  // refuses logits changed in place since
+    const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &logits = saved[0], &scale = saved[4];
     Params p = unpack(ctx->saved_data["params"].toStringRef());
     const at::IValue written = std::exchange(ctx->saved_data["written"], at::IValue());
@@ -3028,7 +3029,7 @@ struct FusedLoss : torch::autograd::Function<FusedLoss> {
     const at::Tensor grad_out = scale.defined() ? grad_in * scale : grad_in;  // the mean's over its divisor
     const at::Tensor grad_lse = grads[1].defined() ? grads[1].select(1, 0).to(at::kFloat).contiguous() : at::Tensor();
     const at::Tensor dx = written.isTensor() ? written.toTensor() : empty_gradient(logits);
-    p.stream = static_cast<cudaStream_t>(at::accelerator::getCurrentStream(logits.get_device()).native_handle());
+    p.stream = c10::cuda::getCurrentCUDAStream(logits.get_device()).stream();
     p.grad = dx.data_ptr();
     p.grad_out = pointer<float>(grad_out);
     p.grad_lse = pointer<const float>(grad_lse);
@@ -3042,7 +3043,7 @@ struct FusedLoss : torch::autograd::Function<FusedLoss> {
 
 void define_training(pybind11::module_& m) {
   m.def("fused_loss",
-        [](const at::Tensor& logits, const at::Tensor& targets, const std::optional<at::Tensor>& weight,
+        [](const at::Tensor& logits, const at::Tensor& targets, const c10::optional<at::Tensor>& weight,
            const std::string& block, int64_t gradient_group, int64_t gradient_grid, std::vector<int64_t> loss_shape) {
           return FusedLoss::apply(logits, targets, weight, block, gradient_group, gradient_grid, loss_shape);
         },

@@ -117,6 +117,12 @@ def test_the_host_module_compiles(options, tmp_path):
     src = tmp_path / "main.cpp"
     src.write_text(model_new._cpp_source(options))
     includes = [f"-I{path}" for path in [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]]
+    # torch's CPU wheel leaves out the header a CUDA build generates for c10/cuda's macros: a stand-in
+    macros = "c10/cuda/impl/cuda_cmake_macros.h"
+    if not os.path.exists(os.path.join(cpp_extension.include_paths()[0], macros)):
+        (tmp_path / macros).parent.mkdir(parents=True)
+        (tmp_path / macros).write_text("#define C10_CUDA_BUILD_SHARED_LIBS\n")
+        includes.append(f"-I{tmp_path}")
     proc = subprocess.run([NVCC, "-x", "c++", "-std=c++17", "-DTORCH_EXTENSION_NAME=kb95", *includes,
                            "-Xcompiler", "-fsyntax-only", "-c", str(src), "-o", str(tmp_path / "main.o")],
                           capture_output=True, text=True)
