@@ -2899,7 +2899,8 @@ void launch_params(const Params& p) {
                      ((p.family != kFamilyGradient && p.family != kFamilyScale) ||
                       (p.group >= 1 && p.group <= 32 && (p.group & (p.group - 1)) == 0 && p.class_stride >= 1)) &&
                      (p.family != kFamilyFused ||
-                      (p.group >= (p.dtype == kFloat32 ? 8 : 16) && p.group <= kThreads * kFusedClusterCtas && (p.group & (p.group - 1)) == 0 &&
+                      (p.group >= (p.dtype == kFloat32 ? 8 : 16) && p.group <= kThreads * kFusedClusterCtas &&
+                       (p.group & (p.group - 1)) == 0 &&
                        (p.group <= kThreads || (p.softcap == 0.f && p.grid % (p.group / kThreads) == 0)) &&
                        p.probs_dtype == kClassIndices &&
                        p.class_stride == 1));
@@ -2916,13 +2917,15 @@ void launch_params(const Params& p) {
     throw std::runtime_error(std::string("cross-entropy kernel launch failed: ") + cudaGetErrorString(err));
 }
 
-// The launch: its parameter block as the host packed it (model_new._PARAMS, the layout of Params).
-void launch_cross_entropy(const std::string& block) {
+// A parameter block as the host packed it (model_new._PARAMS, the layout of Params).
+Params unpack_params(const std::string& block) {
   Params p;
   if (block.size() != sizeof p) throw std::invalid_argument("cross-entropy launch: the parameter block has the wrong size");
   std::memcpy(&p, block.data(), sizeof p);
-  launch_params(p);
+  return p;
 }
+
+void launch_cross_entropy(const std::string& block) { launch_params(unpack_params(block)); }
 """
 
 _CPP_SRC = r"""
@@ -2953,18 +2956,12 @@ _TRAINING_HEADERS = """#include <torch/extension.h>
 """
 _TRAINING_SRC = r"""
 void launch_params(const Params& p);
+Params unpack_params(const std::string& block);
 
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-Params unpack(const std::string& block) {
-  Params p;
-  TORCH_CHECK(block.size() == sizeof p, "cross-entropy launch: the parameter block has the wrong size");
-  std::memcpy(&p, block.data(), sizeof p);
-  return p;
-}
 
 std::string pack(const Params& p) { return std::string(reinterpret_cast<const char*>(&p), sizeof p); }
 
@@ -2987,7 +2984,7 @@ struct FusedLoss : torch::autograd::Function<FusedLoss> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
                                const c10::optional<at::Tensor>& weight, const std::string& block,
                                int64_t gradient_group, int64_t gradient_grid, const std::vector<int64_t>& loss_shape) {
-    Params p = unpack(block);
+    Params p = unpack_params(block);
     const auto f32 = logits.options().dtype(at::kFloat);
     const at::Tensor loss = at::empty(loss_shape, logits.options());
     const at::Tensor state = at::empty({int64_t(p.rows), 2}, f32);
@@ -3019,7 +3016,7 @@ struct FusedLoss : torch::autograd::Function<FusedLoss> {
                 "(create_graph=True through the loss) is not supported");
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &logits = saved[0], &scale = saved[4];
-    Params p = unpack(ctx->saved_data["params"].toStringRef());
+    Params p = unpack_params(ctx->saved_data["params"].toStringRef());
     const at::IValue written = std::exchange(ctx->saved_data["written"], at::IValue());
     at::Tensor grad = grads[0];
     if (!grad.defined())  // only the log-sum-exp reached the result
@@ -3797,8 +3794,6 @@ def _cross_entropy(logits, targets, options, check_targets=False, train=False, f
     weight = options.weight
     if weight is not None:
         weight = _check_weight(weight, logits)
-    if check_targets and not probs:
-        _first_bad_target(targets, cols, options.ignore_index)
     index, logits_ptr, elem_bytes = logits.get_device(), logits.data_ptr(), logits.element_size()
     smoothing, softcap = options.label_smoothing, options.softcap
     streamed = probs or class_stride > 1
@@ -3809,6 +3804,8 @@ def _cross_entropy(logits, targets, options, check_targets=False, train=False, f
                     probs, class_stride, softcap != 0, fuse)
     if node and not (plan.family == _FUSED and logits_ptr == original.data_ptr()):
         return None
+    if check_targets and not probs:  # (after the node's refusal: _Loss's call checks them)
+        _first_bad_target(targets, cols, options.ignore_index)
     exact_off, weight_off, seg_off, nbytes = _workspace_layout(plan, rows)
     stream = _current_stream(index)
     # Held until the launch: inside graph capture it is not cached, and a buffer freed there would be
@@ -3822,10 +3819,10 @@ def _cross_entropy(logits, targets, options, check_targets=False, train=False, f
         # reduction none: a loss per row, which the kernel writes instead of the result
         out = torch.empty(() if reduction != "none" else (rows,), dtype=result_dtype, device=logits.device)
         state = torch.empty((rows, 2), dtype=torch.float32, device=logits.device) if keep_state else None
-    if plan.family == _FUSED and not node:  # the gradient, and where the launch stores the mean's 1 / divisor
-        dx = original if inplace else _empty_gradient(original, logits.dtype)
-        scale = torch.empty((), dtype=torch.float32, device=logits.device) if reduction == "mean" else None
-        weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing else None
+        if plan.family == _FUSED:  # the gradient, and where the launch stores the mean's 1 / divisor
+            dx = original if inplace else _empty_gradient(original, logits.dtype)
+            scale = torch.empty((), dtype=torch.float32, device=logits.device) if reduction == "mean" else None
+            weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing else None
     out_ptr = 0 if out is None else out.data_ptr()
     params = _Params(
         logits=logits_ptr, targets=0 if probs else targets.data_ptr(), out=out_ptr, counter=base,
@@ -3970,7 +3967,7 @@ def _check_targets_from_env():
 # writes d loss / d logits once (the gradient family). Where the logits alone train and the fused
 # family takes them, the forward writes the gradient for an incoming 1 in the same launch as the loss,
 # and the backward rewrites only the rows whose incoming gradient is not 1: in eager calls through the
-# training node (FusedLoss, _TRAINING_SRC), C++ from the call to the backward, else (inplace, which
+# training node (FusedLoss, _TRAINING_SRC), C++ from the launch to the backward, else (inplace, which
 # scales those rows, the logits being gone) through an autograd.Function, _Loss, which takes every
 # other eager call too (probability targets, strided classes, rows past a cluster). torch.compile sees two
 # custom operators, one opaque node each, with the same formula registered for autograd, and no fused

@@ -163,15 +163,16 @@ def test_the_fused_policy(gpu):
     """Where the logits train, contiguous rows of class indices on the 16-byte grid that fit a CTA's
     registers take the fused family: the fewest lanes that hold a row at _FUSED_VECS vectors each (half
     as many on sm_75: the T4), and a lane at least for each element off the vectors (16 for 16-bit
-    logits, 8 for float32), several rows a warp where they are short. From sm_90 on, longer rows take a cluster's CTAs, a
-    row a chunk, up to 16 CTAs on sm_90 and 8 after it, none for soft-capped logits; every other
-    problem the forward's own plan."""
+    logits, 8 for float32), several rows a warp where they are short. From sm_90 on, longer rows take
+    a cluster's CTAs, a row a chunk, up to 16 CTAs on sm_90 and 8 after it, none for soft-capped
+    logits; every other problem the forward's own plan."""
     on = GPU_PLANS[gpu]
     ctas = model_new._max_grid(model_new._FUSED, on)
     # (rows, cols, element bytes, group on sm_90, on sm_100, on sm_75); 0: not fused
     for rows, cols, elem_bytes, *groups in [
             (32768, 4096, 4, 128, 128, 256), (32768, 4096, 2, 64, 64, 128), (65536, 1000, 2, 16, 16, 32),
-            (300, 7, 4, 8, 8, 8), (300, 7, 2, 16, 16, 16), (1, 8192, 4, 256, 256, 0), (4096, 16384, 2, 256, 256, 0),
+            (300, 7, 4, 8, 8, 8), (300, 7, 2, 16, 16, 16), (1, 8192, 4, 256, 256, 0),
+            (4096, 16384, 2, 256, 256, 0),
             (4096, 8192, 2, 128, 128, 256), (3, 8193, 4, 512, 512, 0), (16384, 32000, 2, 512, 512, 0),
             (8192, 128256, 2, 2048, 2048, 0), (4096, 256000, 2, 4096, 0, 0), (2, 600000, 2, 0, 0, 0)]:
         group = groups[["H100", "B200", "T4"].index(gpu)]
