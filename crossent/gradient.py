@@ -1,0 +1,92 @@
+"""The backward's launches: d loss / d logits (and d loss / d probability targets) from every row's
+(m, s), which the training forward saves, in one read of the logits and one write of the gradient
+(the gradient family); and a gradient written over the logits by the forward, scaled in place for an
+incoming gradient other than 1 (the scale family)."""
+import math
+
+import torch
+
+from .build import device_gpu, options_extension
+from .constants import CLASS_INDICES, DTYPE_CODES, GRADIENT, REDUCTIONS, SCALE
+from .dispatch import current_stream, empty_gradient
+from .inputs import as_rows
+from .params import NO_PARAMS, PARAMS_STRUCT
+from .policy import gradient_plan
+
+
+def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, probs_grad=False, written=None,
+                           into=None):
+    """(d loss / d logits, d loss / d targets or None): grad, the loss's incoming gradient (its
+    shape); grad_lse, the log-sum-exp's (or None); state, the forward's (m, s) a row; probs_grad: also
+    the probability targets' gradient; written: the fused forward's gradient (dispatch.Written), whose
+    rows stand where grad is 1 and no grad_lse reaches them; into: where to write d loss / d logits,
+    the logits themselves (each element is read before it is written, by the same thread)."""
+    probs = targets.dtype.is_floating_point
+    shape, target_dtype = logits.shape, targets.dtype
+    x, t, class_stride, rows, _ = as_rows(logits, targets, probs)
+    cols = x.shape[1]
+    dx = written.dx if written else into if into is not None else empty_gradient(logits, x.dtype)
+    dq = empty_gradient(logits, t.dtype) if probs and probs_grad else None
+
+    def kernel_view(g):  # the kernel's view: rows of C, or (strided classes) the (N, C, d1, ..., dk) itself
+        if class_stride > 1:
+            return g
+        return g.movedim(1, -1).view(rows, cols) if len(shape) > 2 else g.view(rows, cols)
+
+    weight, smoothing, softcap = options.weight, options.label_smoothing, options.softcap
+    weight = weight.contiguous() if weight is not None else None
+    weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing and not probs else None
+    grad_in = grad_out = grad.reshape(-1).float().contiguous()
+    if options.reduction == "mean":  # over the mean's divisor, on the device: no host synchronization
+        if written:
+            grad_out = grad_in * written.scale
+        else:
+            grad_out = grad_in / (rows if probs else _counted(t, weight, options.ignore_index))
+    grad_lse = grad_lse.reshape(-1).float().contiguous() if grad_lse is not None else None
+    _launch_on_rows(
+        GRADIENT, x, rows, class_stride, logits=x.data_ptr(), targets=0 if probs else t.data_ptr(),
+        row_stride=x.stride(0), target_stride=t.stride(0) if rows and not probs else 1, target_bytes=t.element_size(),
+        ignore_index=options.ignore_index, reduction=REDUCTIONS[options.reduction],
+        weight=0 if weight is None else weight.data_ptr(), row_state=state.data_ptr(), z_loss=options.z_loss,
+        label_smoothing=smoothing, smoothing_per_class=smoothing / cols, probs=t.data_ptr() if probs else 0,
+        probs_stride=t.stride(0) if probs else 0, probs_dtype=DTYPE_CODES[t.dtype] if probs else CLASS_INDICES,
+        softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
+        grad_row_stride=kernel_view(dx).stride(0), grad_out=grad_out.data_ptr(),
+        grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),
+        weight_total=0 if weight_total is None else weight_total.data_ptr(),
+        grad_probs=0 if dq is None else dq.data_ptr(), grad_in=grad_in.data_ptr() if written else 0)
+    return dx, None if dq is None else dq.to(target_dtype)
+
+
+def scale_in_place(dx, grad, reduction):
+    """The gradient written over the logits (inplace) for an incoming 1, times the incoming `grad` on
+    the device: every row where one grad serves them all and it is not 1, else each row whose own is
+    not 1 (cross_entropy_scale_kernel)."""
+    x, _, class_stride, rows, _ = as_rows(dx)
+    grad_in = grad.reshape(-1).float().contiguous()
+    _launch_on_rows(SCALE, x, rows, class_stride, reduction=REDUCTIONS[reduction], grad=x.data_ptr(),
+                    grad_row_stride=x.stride(0), grad_in=grad_in.data_ptr())
+    return dx
+
+
+def _launch_on_rows(family, x, rows, class_stride, **fields):
+    """A launch of the gradient's plan (the gradient and scale families) over the logits' rows x
+    (as_rows'), with the family's own fields; none where there is no row."""
+    if not rows:
+        return
+    index = x.get_device()
+    plan = gradient_plan(rows, x.shape[1], x.element_size(), device_gpu(index), class_stride)
+    params = NO_PARAMS._replace(rows=rows, cols=x.shape[1], group=plan.group, family=family,
+                                dtype=DTYPE_CODES[x.dtype], grid=plan.grid, device=index,
+                                stream=current_stream(index), class_stride=class_stride, **fields)
+    options_extension().launch(PARAMS_STRUCT.pack(*params))
+
+
+def _counted(targets, weight, ignore_index):
+    """The mean's divisor for class indices (the rows counted, or their classes' weights), a 0-dim
+    tensor on the device. Its float32 sum of weights may differ from the forward's exact one in the
+    last bit; the gradient is that close to the loss's."""
+    counted = (targets if targets.dtype == torch.int64 else targets.long()) != ignore_index  # 64 bits, as the kernels
+    if weight is None:
+        return counted.sum()
+    return torch.where(counted, weight[targets.clamp(0, weight.shape[0] - 1)], 0).sum(dtype=torch.float32)
