@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Two versions of model_new.py side by side in one process: the same bits, and the same speed?
+"""Two versions of model_new.py, the bundle of the crossent package, side by side in one process: the
+same bits, and the same speed?
 
     git show HEAD~1:model_new.py > /tmp/base.py
     python bench/ab.py /tmp/base.py [--candidate model_new.py] [--candidate-sm75] [--no-bitwise]
@@ -8,12 +9,16 @@
 
 Bitwise: both versions take the GPU suite's inputs (tests/cases.py: every shape, dtype, target
 type and view, each under the policy's load kind and under both kinds forced) and must return the
-same bits. Where they do not, the error of each against float64 is printed.
+same bits; and the options build's (OPTION_SETS: every option, probability targets, inputs (N, C, d1,
+..., dk), the returned lse, and the gradients of a training step, fused or not). Where they differ,
+the error of each against float64 is printed where there is one.
 Timing: KernelBench's cuda_event method (256 MB L2 flush before each trial, 100 trials), the
 baseline, the candidate and a plain streaming read of the same logits interleaved in each of
 `passes` passes; the best pass's mean (KernelBench's figure) and median of each are kept. A
 candidate whose median is slower by more than 1%, or by 0.5 us where the baseline takes under
 50 us, is flagged (the median, since a host delay in one trial moves the mean by microseconds).
+--train times the training step (the loss, then backward into the logits' gradient) the same way, at
+TRAIN_SHAPES, beside a copy of the logits (the read and the write a step must make).
 Host: the dispatch's host time per call, on a problem whose kernel is shorter than it.
 --candidate-sm75 runs the candidate as a T4-class GPU gets it, on this GPU: its code built as
 compute_75 PTX (the driver compiles it for this GPU) and planned with sm_75's rules.
@@ -43,6 +48,10 @@ from cases import DTYPES, PATHS, SHAPES, expected_loss, logits, targets, views  
 TIMING_SHAPES = [(32768, 4096), (4096, 32000), (8192, 50257), (8192, 128256), (16, 256000), (1000000, 10),
                  (65536, 1000), (1, 4096), (4096, 129), (16368, 4100), (61008, 1100), (8192, 16001), (4096, 32001),
                  (20000, 6001), (3001, 5003), (262144, 250), (2000000, 24)]
+# The training sweep's shapes (bench/sweep.py --train), with their dtypes.
+TRAIN_SHAPES = [(32768, 4096, "float32"), (32768, 4096, "bfloat16"), (4096, 32000, "bfloat16"),
+                (16384, 32000, "bfloat16"), (8192, 50257, "bfloat16"), (8192, 128256, "bfloat16"),
+                (4096, 256000, "bfloat16"), (65536, 1000, "bfloat16")]
 
 
 def load_version(path, tag):
@@ -66,10 +75,11 @@ def load_version(path, tag):
 
 def as_sm75(module):
     """module running the code and the plans a compute capability 7.5 GPU gets, on this GPU."""
-    module._ext = module._build(["75"], ptx=True)
-    gpu = module._gpu(torch.cuda.current_device())._replace(cc=75)
-    module._gpu = lambda _: gpu
-    module._plan_on.cache_clear()
+    sm75 = module._build(["75"], ptx=True)
+    module.default_extension = lambda: sm75
+    gpu = module.device_gpu(torch.cuda.current_device())._replace(cc=75)
+    module.device_gpu = lambda _: gpu
+    module.plan_on.cache_clear()
     return module
 
 
@@ -98,11 +108,68 @@ def build_times(versions, extensions_dir):
 def force_loads(module, evict_first):
     """The policy's kind of load (None), or one forced on every plan."""
     module._evict_first = module.policy_evict_first if evict_first is None else lambda *_, forced=evict_first: forced
-    module._plan_on.cache_clear()
+    module.plan_on.cache_clear()
 
 
 def bits(x):
-    return x.view(torch.int16 if x.element_size() == 2 else torch.int32).item()
+    return x.view(torch.int16 if x.element_size() == 2 else torch.int32)
+
+
+# The options build's calls: cross_entropy's keyword arguments, "probs" for probability targets,
+# "kdim" for logits (N, C, 4, 4) (rows N * 16, classes strided), "train" for the gradients of a step
+# whose incoming gradient is random ("lse": through the returned lse too).
+OPTION_SETS = {
+    "sum": dict(reduction="sum"), "none": dict(reduction="none"), "weight": dict(weight=True),
+    "ignore 3": dict(ignore_index=3), "smoothing": dict(label_smoothing=0.1),
+    "weight+smoothing": dict(weight=True, label_smoothing=0.2), "z_loss+lse": dict(z_loss=1e-3, return_lse=True),
+    "softcap": dict(softcap=20.0), "probs": dict(probs=True), "probs+weight+smoothing": dict(probs=True, weight=True,
+                                                                                            label_smoothing=0.1),
+    "kdim": dict(kdim=True), "train": dict(train=True), "train sum": dict(train=True, reduction="sum"),
+    "train none": dict(train=True, reduction="none"), "train weight+smoothing": dict(train=True, weight=True,
+                                                                                      label_smoothing=0.1),
+    "train softcap": dict(train=True, softcap=30.0), "train probs": dict(train=True, probs=True),
+    "train kdim": dict(train=True, kdim=True), "train lse": dict(train=True, z_loss=1e-4, return_lse=True, lse=True),
+}
+
+
+def option_outputs(module, x, t, w, opts, seed):
+    """What one version returns for one option set: its outputs, and the gradients where it trains."""
+    kwargs = {k: v for k, v in opts.items() if k not in ("probs", "kdim", "train", "weight", "lse")}
+    if opts.get("weight"):
+        kwargs["weight"] = w
+    x = x.detach().clone().requires_grad_(bool(opts.get("train")))
+    y = x * 1 if opts.get("train") else x  # not a leaf, as a model's logits
+    out = module.cross_entropy(y, t, **kwargs)
+    outs = list(out) if isinstance(out, tuple) else [out]
+    if opts.get("train"):
+        generator = torch.Generator(device=x.device).manual_seed(seed)
+        total = sum((o.float() * torch.rand(o.shape, device=x.device, generator=generator)).sum()
+                    for o in outs[:2 if opts.get("lse") else 1])
+        total.backward()
+        outs.append(x.grad)
+    return [o.detach() for o in outs]
+
+
+def bitwise_options(base, cand):
+    """(cases, mismatches): both versions' options build on every option set, shapes of each family."""
+    cases = mismatches = 0
+    for rows, cols in [(4096, 129), (300, 1000), (64, 5000), (4000, 4096), (16, 32003), (1, 4096), (1000, 10)]:
+        for dname, dtype in DTYPES.items():
+            for name, opts in OPTION_SETS.items():
+                shape = (rows, cols, 4, 4) if opts.get("kdim") else (rows, cols)
+                x = (torch.randn(shape, device="cuda") * 4).to(dtype)
+                w = (torch.rand(cols, device="cuda") + 0.5).to(dtype)
+                if opts.get("probs"):
+                    t = torch.softmax(torch.randn(shape, device="cuda"), 1).to(dtype)
+                else:
+                    t = torch.randint(0, cols, shape[:1] + shape[2:], device="cuda")
+                seed = cases
+                a, b = option_outputs(base, x, t, w, opts, seed), option_outputs(cand, x, t, w, opts, seed)
+                cases += 1
+                if any(not torch.equal(bits(p), bits(q)) for p, q in zip(a, b)) or len(a) != len(b):
+                    mismatches += 1
+                    print(f"  differ: {rows} x {cols} {dname} {name}", flush=True)
+    return cases, mismatches
 
 
 def bitwise(base, cand):
@@ -127,7 +194,7 @@ def bitwise(base, cand):
                     for view, x in inputs:
                         a, b = base.ModelNew()(x, t), cand.ModelNew()(x, t)
                         cases += 1
-                        if bits(a) != bits(b):
+                        if not torch.equal(bits(a), bits(b)):
                             mismatches += 1
                             ref = expected_loss(x, t).item()
                             print(f"  differ: {rows} x {cols} {dname} {tdtype} {view} loads={evict_first}: "
@@ -138,30 +205,34 @@ def bitwise(base, cand):
     return cases, mismatches
 
 
-def timing(base, cand, shapes, dtypes, trials, passes):
-    """KernelBench-timed rows: per implementation the best pass's mean and the best pass's median."""
+def timing(base, cand, cases, trials, passes, train=False):
+    """KernelBench-timed rows, each (N, C, dtype) of `cases`: per implementation the best pass's mean and
+    the best pass's median; `train`, of the training step beside a copy of the logits."""
     device = torch.device("cuda")
-    impls = {"floor": run_eval.stream_read_fn(device), "baseline": base.ModelNew(), "candidate": cand.ModelNew()}
+    if train:
+        impls = {"floor": run_eval.copy_fn(), "baseline": run_eval.training_step(base.cross_entropy),
+                 "candidate": run_eval.training_step(cand.cross_entropy)}
+    else:
+        impls = {"floor": run_eval.stream_read_fn(device), "baseline": base.ModelNew(), "candidate": cand.ModelNew()}
     rows = []
-    for n, c in shapes:
-        for dname in dtypes:
-            x = torch.randn(n, c, device=device).to(DTYPES[dname])
-            t = torch.randint(0, c, (n,), device=device)
-            mean, median = {}, {}
-            for p in range(passes):
-                for name in (list(impls) if p % 2 == 0 else list(reversed(impls))):
-                    times = run_eval.time_cuda_event(impls[name], [x, t], device, trials=trials)
-                    mean[name] = min(mean.get(name, float("inf")), statistics.fmean(times))
-                    median[name] = min(median.get(name, float("inf")), statistics.median(times))
-            b, k = median["baseline"], median["candidate"]
-            slower = k > b * 1.01 if b >= 0.05 else k > b + 0.0005
-            rows.append({"N": n, "C": c, "dtype": dname, **{f"{i}_mean_ms": mean[i] for i in impls},
-                         **{f"{i}_median_ms": median[i] for i in impls}, "flagged": slower})
-            print(f"  {n:>8d} x {c:<7d} {dname:>9s}  mean: floor {mean['floor']:.4f} baseline {mean['baseline']:.4f} "
-                  f"candidate {mean['candidate']:.4f} ({1e3 * (mean['candidate'] - mean['baseline']):+6.2f} us)  median: "
-                  f"{median['floor']:.4f} {b:.4f} {k:.4f} ({1e3 * (k - b):+6.2f} us){'  SLOWER' if slower else ''}", flush=True)
-            del x, t
-            torch.cuda.empty_cache()
+    for n, c, dname in cases:
+        x = torch.randn(n, c, device=device).to(DTYPES[dname]).requires_grad_(train)
+        t = torch.randint(0, c, (n,), device=device)
+        mean, median = {}, {}
+        for p in range(passes):
+            for name in (list(impls) if p % 2 == 0 else list(reversed(impls))):
+                times = run_eval.time_cuda_event(impls[name], [x, t], device, trials=trials)
+                mean[name] = min(mean.get(name, float("inf")), statistics.fmean(times))
+                median[name] = min(median.get(name, float("inf")), statistics.median(times))
+        b, k = median["baseline"], median["candidate"]
+        slower = k > b * 1.01 if b >= 0.05 else k > b + 0.0005
+        rows.append({"N": n, "C": c, "dtype": dname, "train": train, **{f"{i}_mean_ms": mean[i] for i in impls},
+                     **{f"{i}_median_ms": median[i] for i in impls}, "flagged": slower})
+        print(f"  {n:>8d} x {c:<7d} {dname:>9s}  mean: floor {mean['floor']:.4f} baseline {mean['baseline']:.4f} "
+              f"candidate {mean['candidate']:.4f} ({1e3 * (mean['candidate'] - mean['baseline']):+6.2f} us)  median: "
+              f"{median['floor']:.4f} {b:.4f} {k:.4f} ({1e3 * (k - b):+6.2f} us){'  SLOWER' if slower else ''}", flush=True)
+        del x, t
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -191,6 +262,7 @@ def main(argv=None):
     ap.add_argument("--candidate-sm75", action="store_true", help="the candidate as sm_75 gets it (as_sm75)")
     ap.add_argument("--no-bitwise", action="store_true")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--train", action="store_true", help="also time the training step at TRAIN_SHAPES")
     ap.add_argument("--build-times", action="store_true", help="time cold imports of both first (6 builds)")
     ap.add_argument("--shapes", help="comma-separated NxC (default: the sweep's and the awkward ones)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
@@ -200,7 +272,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__}", flush=True)
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+              "baseline": os.path.relpath(args.baseline, ROOT), "candidate": os.path.relpath(args.candidate, ROOT)}
     if args.build_times:
         folder = tempfile.mkdtemp(prefix="ab_build_")
         report["build_times"] = build_times({"baseline": args.baseline, "candidate": args.candidate}, folder)
@@ -211,12 +284,18 @@ def main(argv=None):
     failed = False
     if not args.no_bitwise:
         cases, mismatches = bitwise(base, cand)
-        print(f"bitwise: {cases} cases, {mismatches} differ", flush=True)
-        report.update(bitwise_cases=cases, bitwise_mismatches=mismatches)
-        failed |= mismatches > 0
+        print(f"bitwise, the default build: {cases} cases, {mismatches} differ", flush=True)
+        options_cases, options_mismatches = bitwise_options(base, cand)
+        print(f"bitwise, the options build: {options_cases} cases, {options_mismatches} differ", flush=True)
+        report.update(bitwise_cases=cases, bitwise_mismatches=mismatches, bitwise_options_cases=options_cases,
+                      bitwise_options_mismatches=options_mismatches)
+        failed |= mismatches > 0 or options_mismatches > 0
     if not args.no_timing:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else TIMING_SHAPES
-        rows = timing(base, cand, shapes, args.dtypes.split(","), args.trials, args.passes)
+        rows = timing(base, cand, [(n, c, d) for n, c in shapes for d in args.dtypes.split(",")], args.trials,
+                      args.passes)
+        if args.train:
+            rows += timing(base, cand, TRAIN_SHAPES, args.trials, args.passes, train=True)
         flagged = [r for r in rows if r["flagged"]]
         print(f"timing: {len(rows)} shapes, {len(flagged)} slower than the gate allows", flush=True)
         report["timing"] = rows

@@ -29,17 +29,20 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+import crossent  # noqa: E402
 import run_eval  # noqa: E402
 from cases import expected_loss  # noqa: E402
 
 SHAPES = [(32768, 4096), (4096, 32000), (8192, 50257), (8192, 128256), (16, 256000), (1000000, 10),
           (65536, 1000), (1, 4096), (4096, 129)]
+TODAY = time.strftime("%Y-%m-%d")  # recorded in every row, for bench/report.py
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 IMPLS = ("model_new", "eager", "compile", "floor")
 # The options sweep: cross_entropy's keyword arguments by name ("weight": random class weights;
@@ -98,7 +101,6 @@ def measure(n, c, dtype_name, impls, trials, fns):
 def measure_options(n, c, dtype_name, trials, floor_fn, sets=None):
     """Rows for every set of OPTIONS (or those named in `sets`) on one fresh (n, c) input: ModelNew,
     the read, and eager."""
-    import model_new
     dtype = DTYPES[dtype_name]
     x = torch.randn(n, c, device="cuda").to(dtype)
     t0 = torch.randint(0, c, (n,), device="cuda")
@@ -114,7 +116,7 @@ def measure_options(n, c, dtype_name, trials, floor_fn, sets=None):
         kwargs = {k: v for k, v in opts.items() if k not in ("ignore", "soft")}
         if opts.get("weight"):
             kwargs["weight"] = w
-        fns = {"model_new": functools.partial(model_new.cross_entropy, **kwargs)}
+        fns = {"model_new": functools.partial(crossent.cross_entropy, **kwargs)}
         if set(opts) <= PYTORCH_OPTIONS:
             fns["eager"] = functools.partial(torch.nn.functional.cross_entropy, **kwargs)
         got = fns["model_new"](x, t)
@@ -141,7 +143,6 @@ def timed_mean(fn, args, trials):
 def kdim_main(args):
     """KDIM_SHAPES in each dtype: ModelNew, eager and torch.compile against the read of the logits
     and the targets (and of the logits alone), each checked against float64."""
-    import model_new
     floor_fn = run_eval.stream_read_fn(torch.device("cuda"))
     rows = []
     for shape in KDIM_SHAPES:
@@ -150,16 +151,17 @@ def kdim_main(args):
             t = torch.randint(0, shape[1], shape[:1] + shape[2:], device="cuda")
             floor = timed_mean(run_eval.read_each(floor_fn), [x, t], args.trials)
             logits_floor = timed_mean(floor_fn, [x], args.trials)
-            correct = torch.allclose(model_new.cross_entropy(x, t).double(), expected_loss(x, t).to(x.dtype).double(),
+            correct = torch.allclose(crossent.cross_entropy(x, t).double(), expected_loss(x, t).to(x.dtype).double(),
                                      rtol=2e-2 if x.dtype != torch.float32 else 1e-4)
             torch._dynamo.reset()
-            fns = {"model_new": model_new.cross_entropy, "eager": torch.nn.functional.cross_entropy,
+            fns = {"model_new": crossent.cross_entropy, "eager": torch.nn.functional.cross_entropy,
                    "compile": torch.compile(reference_loss, backend="inductor", mode="default", dynamic=False)}
             for impl, fn in fns.items():
                 mean = min(timed_mean(fn, [x, t], args.trials) for _ in range(args.passes))
                 rows.append({"shape": list(shape), "dtype": d, "impl": impl, "mean_ms": mean, "floor_ms": floor,
                              "logits_floor_ms": logits_floor, "fraction_of_floor": floor / mean, "correct": bool(correct),
-                             "device": torch.cuda.get_device_name(), "torch": torch.__version__, "passes": args.passes})
+                             "device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": TODAY,
+                             "passes": args.passes})
                 print(f"  {str(shape):20s} {d:9s} {impl:9s} {mean:.4f} ms  {100 * floor / mean:5.1f}% of the read "
                       f"(logits alone {100 * logits_floor / mean:5.1f}%)  correct {correct}", flush=True)
             del x, t
@@ -185,7 +187,6 @@ def train_main(args):
     memory, each checked against eager PyTorch's step in float32. torch.compile in a phase of its own,
     after the others at every shape, as the forward sweep times it: its background compile workers
     slow the host of whatever is timed after them."""
-    import model_new
     rows = []
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else None
     combos = [(n, c, d) for n, c, d in TRAIN_SHAPES
@@ -193,7 +194,7 @@ def train_main(args):
     phases = [("model_new", "eager", "copy")] + ([] if args.no_compile else [("compile",)])
     for impls in phases:
         for n, c, d in combos:
-            rows += train_rows(n, c, d, impls, args.trials, model_new)
+            rows += train_rows(n, c, d, impls, args.trials)
             if args.out:
                 with open(args.out + ".json", "w") as f:
                     json.dump(rows, f, indent=1)
@@ -202,13 +203,13 @@ def train_main(args):
     return 0 if all(r["correct"] for r in rows) else 1
 
 
-def train_rows(n, c, d, impls, trials, model_new):
+def train_rows(n, c, d, impls, trials):
     """The training sweep's rows of `impls` at one shape, beside a copy of the logits timed first."""
     rows = []
     x = (torch.randn(n, c, device="cuda") * 2).to(DTYPES[d]).requires_grad_()
     t = torch.randint(0, c, (n,), device="cuda")
     torch._dynamo.reset()
-    losses = {"model_new": model_new.cross_entropy, "eager": reference_loss}
+    losses = {"model_new": crossent.cross_entropy, "eager": reference_loss}
     if "compile" in impls:
         losses["compile"] = torch.compile(reference_loss, backend="inductor", mode="default", dynamic=False)
     want_loss, want_grad = run_eval.run_model(reference_loss, [x.float(), t], backward=True)
@@ -226,7 +227,7 @@ def train_rows(n, c, d, impls, trials, model_new):
         x.grad = None
         rows.append({"N": n, "C": c, "dtype": d, "impl": impl, "mean_ms": mean, "median_ms": statistics.median(times),
                      "copy_ms": copy_ms, "peak_extra_bytes": peak_extra_bytes(fn, [x, t]), "correct": correct,
-                     "device": torch.cuda.get_device_name(), "torch": torch.__version__})
+                     "device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": TODAY})
         x.grad = None
         print(f"  {n} x {c} {d:9s} {impl:9s} {mean:.4f} ms  {mean / copy_ms:5.2f}x the copy  extra "
               f"{rows[-1]['peak_extra_bytes'] / (x.numel() * x.element_size()):4.2f}x the logits  correct {correct}",
@@ -256,7 +257,7 @@ def options_main(args, shapes):
                         best[key]["correct"] = r["correct"]
             new = list(best.values())
             for r in new:
-                r.update(device=torch.cuda.get_device_name(), torch=torch.__version__, passes=args.passes)
+                r.update(device=torch.cuda.get_device_name(), torch=torch.__version__, date=TODAY, passes=args.passes)
                 print(f"  {n} x {c} {d:9s} {r['options']:34s} {r['impl']:9s} {r['mean_ms']:.4f} ms  "
                       f"{100 * r['fraction_of_floor']:5.1f}% of the read  correct {r['correct']}", flush=True)
             rows += new
@@ -365,8 +366,7 @@ def main(argv=None):
         return kdim_main(args)
     if args.train:
         return train_main(args)
-    import model_new
-    model = model_new.ModelNew()
+    model = crossent.ModelNew()
     floor_fn = run_eval.stream_read_fn(torch.device("cuda"))
     device = torch.cuda.get_device_name()
     rows = []
@@ -380,7 +380,7 @@ def main(argv=None):
         for n, c, d in combos:
             new = measure(n, c, d, impls, args.trials, fns)
             for r in new:
-                r.update(device=device, torch=torch.__version__, pass_index=p)
+                r.update(device=device, torch=torch.__version__, date=TODAY, pass_index=p)
                 key = (n, c, d, r["impl"])
                 r["pass_means_ms"] = best.get(key, {}).get("pass_means_ms", []) + [r["mean_ms"]]
                 if key not in best or r["mean_ms"] < best[key]["mean_ms"]:

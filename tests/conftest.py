@@ -1,4 +1,10 @@
+"""What the tests share: the repository's root on the path (the bundle, reference.py, run_eval.py and
+bench/ live there), the markers' skips, and fixtures for the public API and the launch policy.
+
+Markers: `gpu` tests need a CUDA GPU and skip, saying why, where none is visible; `nvcc` tests compile
+CUDA with nvcc (CPU-only, slow) and skip where it is missing. `-m "not nvcc"` runs the rest in seconds."""
 import os
+import shutil
 import sys
 
 import pytest
@@ -8,7 +14,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 CUDA = torch.cuda.is_available()
-requires_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA GPU visible: the GPU part of the suite runs on a GPU machine")
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+requires_cuda = pytest.mark.gpu  # (the name the GPU tests mark themselves with)
+
+
+def pytest_collection_modifyitems(config, items):
+    no_gpu = pytest.mark.skip(reason="no CUDA GPU visible: the GPU part of the suite runs on a GPU machine")
+    no_nvcc = pytest.mark.skip(reason="nvcc not found: the CUDA compile tests need the CUDA toolkit")
+    for item in items:
+        if "gpu" in item.keywords and not CUDA:
+            item.add_marker(no_gpu)
+        if "nvcc" in item.keywords and NVCC is None:
+            item.add_marker(no_nvcc)
 
 
 def read(name):
@@ -18,19 +35,27 @@ def read(name):
 
 @pytest.fixture(scope="module")
 def model():
-    import model_new
-    return model_new.ModelNew()
+    import crossent
+    return crossent.ModelNew()
 
 
 @pytest.fixture
 def policy(monkeypatch):
-    """Replaces one of model_new's launch-policy functions for a test. The plans it caches per
-    problem are dropped on the way in and on the way out, so that no test sees another's."""
-    import model_new
-    cached = model_new._plan_on  # itself replaceable
+    """Replaces a name the dispatch plans or launches with for a test: a policy function
+    ("_evict_first"), the GPU the policy reads ("device_gpu"), an extension ("default_extension").
+    Each module that holds the name gets the replacement (the package imports names, not modules), and
+    the plans cached per problem are dropped on the way in and on the way out, so that no test sees
+    another's."""
+    from crossent import dispatch, gradient
+    from crossent import policy as launch_policy
+    modules = (launch_policy, dispatch, gradient)
+    cached = dispatch.plan_on  # (itself replaceable)
 
     def replace(name, value):
-        monkeypatch.setattr(model_new, name, value)
+        holders = [module for module in modules if hasattr(module, name)]
+        assert holders, f"no module of the dispatch holds {name}"
+        for module in holders:
+            monkeypatch.setattr(module, name, value)
         cached.cache_clear()
     yield replace
     cached.cache_clear()

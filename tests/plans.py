@@ -1,8 +1,8 @@
 """Launch plans for the CPU tests: the policy as the dispatch runs it, on GPUs' property tables."""
-import model_new
-from model_new import _gpu_from
+from crossent import dispatch, policy
+from crossent.gpu import gpu_from
 
-# The driver's figures (model_new._DEVICE_ATTRIBUTES) for every GPU a leaderboard offers, from the
+# The driver's figures (crossent.gpu.DEVICE_ATTRIBUTES) for every GPU a leaderboard offers, from the
 # vendors' datasheets and the CUDA programming guide's limits per compute capability. The memory
 # clock and bus width give the datasheet's bandwidth (twice the clock times the width).
 _COLUMNS = ("major", "minor", "sms", "l2_bytes", "threads_per_sm", "smem_per_sm", "smem_reserved", "memory_khz",
@@ -20,7 +20,7 @@ GPUS = {name: dict(zip(_COLUMNS, row)) for name, row in {
     "B200":      (10, 0, 148, 126 << 20,  2048,    228 << 10, 1024,    3906000,    8192),    # 8 TB/s
     "RTX 5090":  (12, 0, 170, 96 << 20,   1536,    100 << 10, 1024,    14001000,   512),     # 1.79 TB/s
 }.items()}
-GPU_PLANS = {name: _gpu_from(table) for name, table in GPUS.items()}  # what the policy reads off each
+GPU_PLANS = {name: gpu_from(table) for name, table in GPUS.items()}  # what the policy reads off each
 H100, H200 = GPU_PLANS["H100"], GPU_PLANS["H200"]
 
 # Shapes for the policy's invariants: every family, empty and lone rows, widths off every vector
@@ -33,7 +33,7 @@ def gpu(sms=132, l2_bytes=50 << 20, fast_memory=False):
     """The H100 with other SMs, L2 or memory: fast memory at twice the rate per SM that makes it fast,
     slow at half of it."""
     return H100._replace(sms=sms, l2_bytes=l2_bytes,
-                         bandwidth=(2 if fast_memory else 0.5) * model_new._FAST_MEMORY_PER_SM * sms)
+                         bandwidth=(2 if fast_memory else 0.5) * policy._FAST_MEMORY_PER_SM * sms)
 
 
 def plan(rows, cols, elem_bytes, evict_first=None, stride=None, offset=0, on=H100):
@@ -41,15 +41,15 @@ def plan(rows, cols, elem_bytes, evict_first=None, stride=None, offset=0, on=H10
     first `offset` bytes off the 16-byte grid) on `on`; evict_first forces the kind of load."""
     stride = cols if stride is None else stride
     if evict_first is None:
-        return model_new._plan(rows, cols, stride, elem_bytes, on, offset)
-    family = model_new._family(rows, cols, stride, elem_bytes, on, offset)
-    return model_new._shape(family, rows, cols, stride, elem_bytes, on, offset, evict_first)
+        return policy.plan_launch(rows, cols, stride, elem_bytes, on, offset)
+    family = policy._family(rows, cols, stride, elem_bytes, on, offset)
+    return policy._shape(family, rows, cols, stride, elem_bytes, on, offset, evict_first)
 
 
 def plan_on(monkeypatch, name, rows, cols, elem_bytes, offset=0):
-    """_plan_on on the GPU `name` of GPUS, as the dispatch calls it."""
-    monkeypatch.setattr(model_new, "_gpu", lambda _: GPU_PLANS[name])
-    model_new._plan_on.cache_clear()
-    p = model_new._plan_on(0, rows, cols, cols, elem_bytes, offset)
-    model_new._plan_on.cache_clear()
+    """dispatch.plan_on on the GPU `name` of GPUS, as the dispatch calls it."""
+    monkeypatch.setattr(dispatch, "device_gpu", lambda _: GPU_PLANS[name])
+    dispatch.plan_on.cache_clear()
+    p = dispatch.plan_on(0, rows, cols, cols, elem_bytes, offset)
+    dispatch.plan_on.cache_clear()
     return p

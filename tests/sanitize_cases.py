@@ -10,10 +10,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import model_new  # noqa: E402
+import crossent  # noqa: E402
+from crossent import dispatch, policy  # noqa: E402
 from cases import DTYPES, SHAPES, logits, targets, views  # noqa: E402
 
-model = model_new.ModelNew()
+model = crossent.ModelNew()
 runs = 0
 # Left to the host, all of these sizes read evict-first. --plain-loads forces plain loads, and
 # --both-loads runs every case under each kind: they differ in their global loads and in the launch
@@ -22,8 +23,8 @@ runs = 0
 kinds = (True, False) if "--both-loads" in sys.argv else (False,) if "--plain-loads" in sys.argv else (None,)
 for evict_first in kinds:
     if evict_first is not None:
-        model_new._evict_first = lambda *_, forced=evict_first: forced
-        model_new._plan_on.cache_clear()  # plans are cached per problem
+        policy._evict_first = lambda *_, forced=evict_first: forced
+        dispatch.plan_on.cache_clear()  # plans are cached per problem
     for dtype in DTYPES.values():
         for tdtype in (torch.int64, torch.int32):
             for rows, cols in SHAPES:

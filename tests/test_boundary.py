@@ -1,30 +1,33 @@
-"""The host-device boundary: one parameter block, declared once in _PARAMS. The C++ compiler must
+"""The host-device boundary: one parameter block, declared once in params.PARAMS. The C++ compiler must
 lay out the generated `struct Params` exactly as the dispatch packs it (CPU-only: nvcc)."""
-import os
+import ast
+import inspect
 import re
-import shutil
+import struct
 import subprocess
+import textwrap
 
 import pytest
 
-import model_new
-
-NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+from conftest import NVCC
+from crossent import build, dispatch, params
+from crossent.constants import KERNEL_CONSTANTS
+from crossent.sources import csrc_text
 
 
 def packed_offsets():
-    """Each field's offset in _PARAMS_STRUCT's layout, and the block's size."""
-    codes = [code for _, _, code, _ in model_new._PARAMS]
-    offsets = [model_new.struct.calcsize("@" + "".join(codes[:k + 1])) - model_new.struct.calcsize("@" + codes[k])
+    """Each field's offset in PARAMS_STRUCT's layout, and the block's size."""
+    codes = [code for _, _, code, _ in params.PARAMS]
+    offsets = [struct.calcsize("@" + "".join(codes[:k + 1])) - struct.calcsize("@" + codes[k])
                for k in range(len(codes))]
-    return offsets, model_new._PARAMS_STRUCT.size
+    return offsets, params.PARAMS_STRUCT.size
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@pytest.mark.nvcc
 def test_the_compiler_lays_out_params_as_the_dispatch_packs_them(tmp_path):
-    names = [name for name, *_ in model_new._PARAMS]
+    names = [name for name, *_ in params.PARAMS]
     src = tmp_path / "layout.cu"
-    src.write_text(model_new._cuda_preamble() + "#include <cstddef>\n#include <cstdio>\nint main() {\n"
+    src.write_text(params.preamble() + "#include <cstddef>\n#include <cstdio>\nint main() {\n"
                    + "".join(f'  std::printf("%zu\\n", offsetof(Params, {n}));\n' for n in names)
                    + '  std::printf("%zu\\n", sizeof(Params));\n}\n')
     exe = tmp_path / "layout"
@@ -35,34 +38,54 @@ def test_the_compiler_lays_out_params_as_the_dispatch_packs_them(tmp_path):
 
 
 def test_every_field_is_packed_by_name():
-    """The dispatch builds the block by field name (_Params), so a field it omits or misspells is an
-    error, not a shifted block; each value must fit its struct code."""
-    fields = dict.fromkeys(model_new._Params._fields, 1)
-    block = model_new._PARAMS_STRUCT.pack(*model_new._Params(**fields))
-    assert len(block) == model_new._PARAMS_STRUCT.size
+    """The dispatch builds the block by field name (params.Params), so a field it omits or misspells is
+    an error, not a shifted block; each value must fit its struct code."""
+    fields = dict.fromkeys(params.Params._fields, 1)
+    block = params.PARAMS_STRUCT.pack(*params.Params(**fields))
+    assert len(block) == params.PARAMS_STRUCT.size
     with pytest.raises(TypeError):
-        model_new._Params(**{k: v for k, v in fields.items() if k != "grid"})
-    with pytest.raises(model_new.struct.error):
-        model_new._PARAMS_STRUCT.pack(*model_new._Params(**dict(fields, group=2**40)))
+        params.Params(**{k: v for k, v in fields.items() if k != "grid"})
+    with pytest.raises(struct.error):
+        params.PARAMS_STRUCT.pack(*params.Params(**dict(fields, group=2**40)))
 
 
 def test_the_dispatch_names_every_field():
-    """_cross_entropy fills the block with every field of _PARAMS, each named once."""
-    import inspect
-    source = inspect.getsource(model_new._cross_entropy)
-    call = source[source.index("_Params("):source.index(".launch(")]
-    named = re.findall(r"\b(\w+)=", call)
-    assert sorted(named) == sorted(name for name, *_ in model_new._PARAMS)
+    """dispatch.pack fills the block with every field of params.PARAMS in its order, one argument a line,
+    each line naming its field in a comment."""
+    source = textwrap.dedent(inspect.getsource(dispatch.pack))
+    call = next(node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+                and ast.unparse(node.func) == "PARAMS_STRUCT.pack")
+    lines = source.split("\n")
+    named = []
+    for argument in call.args:
+        assert argument.lineno == argument.end_lineno, ast.unparse(argument)  # one line each, so each has its comment
+        comment = re.search(r"#\s*(\w+)\s*$", lines[argument.lineno - 1])
+        assert comment, lines[argument.lineno - 1]
+        named.append(comment.group(1))
+    assert len({argument.lineno for argument in call.args}) == len(call.args)  # one argument a line
+    assert named == [name for name, *_ in params.PARAMS]
 
 
 def test_the_binding_declares_what_the_cuda_source_defines():
-    decl = re.search(r"void launch_cross_entropy\(([^)]*)\);", model_new._CPP_SRC).group(1)
-    defn = re.search(r"void launch_cross_entropy\(([^)]*)\) \{", model_new._CUDA_SRC).group(1)
-    assert " ".join(decl.split()) == " ".join(defn.split())
+    """Each csrc file declares the functions of another that it calls (module.cpp binds launch.cu's
+    launch and driver figures and the training node's definitions; the node calls launch.cu's launch;
+    launch.cu, the options build's families' launches) as that file defines them, parameters and all."""
+    files = {name: csrc_text(name) for name in dict.fromkeys(build.CPP_FILES[True] + build.CUDA_FILES[True])}
+    checked = set()
+    for declarer, text in files.items():
+        for result, function, declared in re.findall(r"^(\w[\w:<>*& ]*?) (\w+)\(([^)]*)\);", text, re.M):
+            definitions = [(definer, defined) for definer, other in files.items()
+                           for defined in re.findall(rf"^{re.escape(result)} {function}\(([^)]*)\) \{{", other, re.M)]
+            assert len(definitions) == 1, (declarer, function, definitions)
+            assert " ".join(declared.split()) == " ".join(definitions[0][1].split()), (declarer, function, definitions)
+            checked.add((declarer, function, definitions[0][0]))
+    assert {("module.cpp", "launch_cross_entropy", "launch.cu"), ("module.cpp", "device_attributes", "launch.cu"),
+            ("module.cpp", "define_training", "training_node.cpp"),
+            ("training_node.cpp", "launch_params", "launch.cu")} <= checked, checked
 
 
 def test_the_kernels_see_the_policys_constants():
-    preamble = model_new._cuda_preamble()
-    for name, value in model_new._KERNEL_CONSTANTS.items():
+    preamble = params.preamble()
+    for name, value in KERNEL_CONSTANTS.items():
         assert f"constexpr int {name} = {value};" in preamble
-    assert not re.search(r"-D\w+=", " ".join(model_new._nvcc_flags(["-arch=sm_90"])))  # no other way in
+    assert not re.search(r"-D\w+=", " ".join(build.nvcc_flags(["-arch=sm_90"])))  # no other way in

@@ -1,6 +1,7 @@
 """Python 3.10 and torch 2.4 to 2.11: KernelBench's image runs Python 3.10 and torch 2.9. Every
 Python file parses as Python 3.10 and names nothing newer from the standard library; the shipped
-files use only torch names that torch 2.4 has, or reach a newer one through a guard (CPU-only)."""
+files (the crossent package, model_new.py bundled from it, run_eval.py and reference.py) use only
+torch names that torch 2.4 has, or reach a newer one through a guard (CPU-only)."""
 import ast
 import glob
 import os
@@ -10,8 +11,12 @@ import pytest
 
 from conftest import ROOT, read
 
-PY_FILES = sorted(os.path.relpath(p, ROOT) for pattern in ("*.py", "tests/*.py", "bench/*.py")
+PY_FILES = sorted(os.path.relpath(p, ROOT)
+                  for pattern in ("*.py", "crossent/*.py", "tools/*.py", "tests/*.py", "bench/*.py")
                   for p in glob.glob(os.path.join(ROOT, pattern)))
+# What users and KernelBench run: the package's modules, the bundle generated from them, and the
+# evaluation scripts.
+SHIPPED = [path for path in PY_FILES if path.startswith("crossent/")] + ["model_new.py", "run_eval.py", "reference.py"]
 
 # Standard-library names added in Python 3.11 or later.
 NEWER_STDLIB = {"tomllib", "wsgiref.types", "typing.Self", "typing.LiteralString", "typing.Never",
@@ -31,13 +36,17 @@ TORCH_2_4 = {"torch.Tensor", "torch.float32", "torch.bfloat16", "torch.float16",
              "torch.cuda.current_stream", "torch.cuda.is_current_stream_capturing", "torch.cuda.Event",
              "torch.cuda.device", "torch.cuda.empty_cache", "torch.cuda.manual_seed", "torch.cuda.synchronize",
              "torch.Generator", "torch._C", "torch.randn", "torch.softmax", "torch.finfo", "torch.empty_like",
+             "torch.dtype", "torch.library",  # (the dtype class, the torch.library module: public since 1.x)
              "torch.is_grad_enabled", "torch.compiler.is_compiling", "torch.autograd.Function", "torch.ones_like",
              "torch.set_grad_enabled", "torch.where", "torch.ops", "torch.ones",
              "torch.autograd.graph.increment_version",  # public since 2.1
              "torch.library.custom_op"}  # custom_op, with register_fake and register_autograd: new in 2.4
-# Newer than torch 2.4, each behind a guard that does without it.
-GUARDED = {'getattr(torch._C, "_cuda_getCurrentRawStream", None)',  # a cheaper stream handle
-           '"no_implicit_headers" in inspect.signature(load_inline).parameters'}  # a shorter cold build
+# Newer than torch 2.4, each behind a guard that does without it, in the package module that uses it
+# (and in the bundle made of the modules).
+GUARDED = {'getattr(torch._C, "_cuda_getCurrentRawStream", None)':  # a cheaper stream handle
+           "crossent/dispatch.py",
+           '"no_implicit_headers" in inspect.signature(load_inline).parameters':  # a shorter cold build
+           "crossent/build.py"}
 
 
 @pytest.mark.parametrize("path", PY_FILES)
@@ -56,14 +65,17 @@ def test_parses_as_python_3_10(path):
 
 
 def test_the_python_files_are_found():
-    assert {"model_new.py", "run_eval.py", "reference.py", "tests/test_compat.py", "bench/ab.py"} <= set(PY_FILES)
+    assert {"model_new.py", "run_eval.py", "reference.py", "crossent/__init__.py", "crossent/dispatch.py",
+            "crossent/build.py", "tools/bundle.py", "tests/test_compat.py", "bench/ab.py"} <= set(PY_FILES)
+    assert {"crossent/api.py", "crossent/ops.py", "crossent/autograd.py", "model_new.py"} <= set(SHIPPED)
 
 
-@pytest.mark.parametrize("path", ["model_new.py", "run_eval.py", "reference.py"])
+@pytest.mark.parametrize("path", SHIPPED)
 def test_uses_only_torch_2_4_names_or_guards_newer_ones(path):
     src = read(path)
     used = set(re.findall(r"\btorch(?:\.\w+)+", src))
     assert used - TORCH_2_4 == set(), sorted(used - TORCH_2_4)
-    if path == "model_new.py":
-        assert all(guard in src for guard in GUARDED)
-        assert "torch._C." not in src  # torch._C only through the guard
+    for guard, home in GUARDED.items():
+        if path in (home, "model_new.py"):
+            assert guard in src, (path, guard)
+    assert "torch._C." not in src  # torch._C only through the guard

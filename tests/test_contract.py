@@ -11,12 +11,15 @@ import sys
 import pytest
 import torch
 
-import model_new
+import crossent
+from crossent import build, constants, dispatch
+from crossent import policy as launch_policy
+
 from cases import DTYPES, PATHS, SHAPES, logits, targets, views
-from conftest import ROOT, requires_cuda
+from conftest import ROOT
 from gpu_checks import RTOL, assert_matches, launched_kernel, plan_for, special_rows
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
@@ -57,8 +60,8 @@ def test_every_instance_under_both_kinds_of_load(model, policy, case, dtype, tdt
     p = plan_for(x)
     out = []
     family, args = launched_kernel(lambda: out.append(model(x, t)))
-    names = {model_new._ROWS: "rows", model_new._TILES: "tiles", model_new._ROW_BATCHES: "row_batches",
-             model_new._ONE_ROW: "one_row"}
+    names = {constants.ROWS: "rows", constants.TILES: "tiles", constants.ROW_BATCHES: "row_batches",
+             constants.ONE_ROW: "one_row"}
     assert family == names[p.family], (family, p)
     assert args.get("evict_first", str(evict_first).lower()) == str(evict_first).lower(), args
     if family == "rows":  # evict-first rows that take no lead (_lead_256) have an instance of their own
@@ -71,30 +74,31 @@ def test_every_instance_under_both_kinds_of_load(model, policy, case, dtype, tdt
 
 
 def test_the_memory_regime_of_a_known_gpu():
-    """The H100 keeps the rules it was measured with; the H200's memory is fast (_Gpu.fast_memory)."""
+    """The H100 keeps the rules it was measured with; the H200's memory is fast (policy._fast_memory)."""
     name = torch.cuda.get_device_name(0)
     if not any(k in name for k in ("H100", "H200")):
         pytest.skip(f"{name}: not a GPU this policy was measured on")
-    assert model_new._gpu(0).fast_memory == ("H200" in name), (name, model_new._gpu(0))
+    gpu = build.device_gpu(0)
+    assert launch_policy._fast_memory(gpu) == ("H200" in name), (name, gpu)
 
 
 def test_load_kind_follows_the_logits_size(model):
-    gpu = model_new._gpu(0)
+    gpu = build.device_gpu(0)
     l2 = gpu.l2_bytes
-    if gpu.fast_memory:
+    if launch_policy._fast_memory(gpu):
         # Memory faster than the row-batch kernel's bytes in flight (the H200): row batches up to
         # _FAST_MEMORY_L2S L2 sizes of logits, rows in registers past them; fp32 evict-first up to
         # that size too, 16-bit up to _EVICT_FIRST_L2S.
-        limit = model_new._FAST_MEMORY_L2S * l2
+        limit = launch_policy._FAST_MEMORY_L2S * l2
         cases = [(limit // (4096 * 4), 4096, torch.float32, True, True),
                  (limit // (4096 * 4) + 1, 4096, torch.float32, False, False),
                  (limit // (4104 * 2) + 1, 4104, torch.bfloat16, False, True),
                  (limit // (4096 * 2) + 2, 4096, torch.bfloat16, False, True),
-                 (model_new._EVICT_FIRST_L2S * l2 // (4096 * 2) + 2, 4096, torch.bfloat16, False, False)]
+                 (launch_policy._EVICT_FIRST_L2S * l2 // (4096 * 2) + 2, 4096, torch.bfloat16, False, False)]
     else:
         # Up to _EVICT_FIRST_L2S L2 sizes of logits read evict-first, one row more plainly; but 16-bit
         # rows in the row-batch kernel read evict-first at any size.
-        limit = model_new._EVICT_FIRST_L2S * l2
+        limit = launch_policy._EVICT_FIRST_L2S * l2
         cases = [(limit // (4096 * 4), 4096, torch.float32, True, True),
                  (limit // (4096 * 4) + 1, 4096, torch.float32, True, False),
                  (limit // (4104 * 2) + 1, 4104, torch.bfloat16, False, False),
@@ -160,11 +164,11 @@ def test_ignore_index(model, path, dtype):
 def test_ignore_index_where_the_grid_is_one_cta(model, policy, rows, cols):
     """One row has its own kernel; no rows, or two rows planned for a GPU of one SM, give the general
     kernel a grid of one CTA. Every row ignored: NaN (0 / 0), as PyTorch gives."""
-    one_sm = model_new._gpu(torch.cuda.current_device())._replace(sms=1)
-    policy("_gpu", lambda _: one_sm)
+    one_sm = build.device_gpu(torch.cuda.current_device())._replace(sms=1)
+    policy("device_gpu", lambda _: one_sm)
     x, t = logits(rows, cols, torch.float32), targets(rows, cols)
     p = plan_for(x)
-    assert p.grid == 1 and (p.family == model_new._ONE_ROW) == (rows == 1)
+    assert p.grid == 1 and (p.family == constants.ONE_ROW) == (rows == 1)
     assert_matches(model(x, t), x, t)
     t[:] = -100
     assert torch.isnan(model(x, t))
@@ -182,7 +186,7 @@ def test_out_of_range_target_gives_nan(model, bad, rows, cols):
 
 
 def test_opt_in_target_check_names_the_row():
-    checked = model_new.ModelNew(check_targets=True)
+    checked = crossent.ModelNew(check_targets=True)
     x, t = logits(1000, 77, torch.float32), targets(1000, 77)
     t[::5] = -100
     assert_matches(checked(x, t), x, t)
@@ -193,9 +197,9 @@ def test_opt_in_target_check_names_the_row():
 
 def test_opt_in_check_from_environment(monkeypatch):
     monkeypatch.setenv("CROSS_ENTROPY_CHECK_TARGETS", "1")
-    assert model_new.ModelNew().check_targets
+    assert crossent.ModelNew().check_targets
     monkeypatch.setenv("CROSS_ENTROPY_CHECK_TARGETS", "0")
-    assert not model_new.ModelNew().check_targets
+    assert not crossent.ModelNew().check_targets
 
 
 def test_unbatched_input(model):
@@ -292,7 +296,7 @@ def test_side_streams(model):
     for _ in range(10):  # both streams in flight at once, each with its own workspace
         for s, x, t in zip(streams, xs, ts):
             with torch.cuda.stream(s):
-                assert model_new._current_stream(0) == s.cuda_stream  # the launch's stream
+                assert dispatch.current_stream(0) == s.cuda_stream  # the launch's stream
                 outs.append(model(x, t))
     torch.cuda.synchronize()
     for i, out in enumerate(outs):

@@ -1,20 +1,22 @@
-"""The embedded CUDA source, its default build and its options build, compiles for every
-architecture a leaderboard's GPUs have (sm_75 to sm_120) into the instances the launch can pick,
-with no register spills and no more shared memory than the policy counts, and the host module's C++
-with it (CPU-only: nvcc)."""
+"""The CUDA source (crossent/csrc, as build.cuda_source assembles it), its default build and its
+options build, compiles for every architecture a leaderboard's GPUs have (sm_75 to sm_120) into the
+instances the launch can pick, with no register spills and no more shared memory than the policy
+counts, and the host module's C++ with it (CPU-only: nvcc)."""
+import inspect
 import os
 import re
-import shutil
 import subprocess
 import sysconfig
 
 import pytest
 from torch.utils import cpp_extension
 
-import model_new
+from conftest import NVCC
+from crossent import build, policy
+from crossent.constants import FUSED, GRADIENT, ONE_ROW, ROW_BATCHES, ROWS, SCALE, SEG_SLAB, STREAMED, THREADS, TILES
+from crossent.gpu import Gpu
 from plans import GPUS
 
-NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 PTXAS = os.path.join(os.path.dirname(os.path.realpath(NVCC)), "ptxas") if NVCC else None
 
 # Instances per family: 3 logit dtypes x, for rows in registers, 2 target types x (plain, evict-first,
@@ -28,12 +30,10 @@ PTXAS = os.path.join(os.path.dirname(os.path.realpath(NVCC)), "ptxas") if NVCC e
 INSTANCES = {"rows": 3 * 2 * 3, "tiles": 3 * 2 * 3 * 2, "row_batches": 3 * 2 * 2, "one_row": 3}
 OPTIONS_INSTANCES = {**INSTANCES, "streamed": 2 * 2 * (2 + 3 + 3), "gradient": 2 * 2 * (2 + 3 + 3),
                      "fused": 3 * 3, "divisor": 3, "scale": 3}
-FAMILY_CODES = {"rows": model_new._ROWS, "tiles": model_new._TILES, "row_batches": model_new._ROW_BATCHES,
-                "one_row": model_new._ONE_ROW, "streamed": model_new._STREAMED,
-                "gradient": model_new._GRADIENT, "fused": model_new._FUSED,
-                "divisor": model_new._FUSED, "scale": model_new._SCALE}
+FAMILY_CODES = {"rows": ROWS, "tiles": TILES, "row_batches": ROW_BATCHES, "one_row": ONE_ROW, "streamed": STREAMED,
+                "gradient": GRADIENT, "fused": FUSED, "divisor": FUSED, "scale": SCALE}
 # Shared memory a family's launch adds to its arrays: rows in registers, segments_total's slab.
-DYNAMIC_SHARED = {"rows": 16 * model_new._SEG_SLAB + 4 * model_new._THREADS}
+DYNAMIC_SHARED = {"rows": 16 * SEG_SLAB + 4 * THREADS}
 ARCHS = sorted({f"{t['major']}{t['minor']}" for t in GPUS.values()}, key=int)
 
 
@@ -45,13 +45,13 @@ def test_every_listed_gpu_has_its_architecture_compiled():
 BUILDS = [(arch, False) for arch in ARCHS] + [(arch, True) for arch in ("75", "90", "100")]
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@pytest.mark.nvcc
 @pytest.mark.parametrize("arch, options", BUILDS, ids=[f"sm_{a}" + ("-options" if o else "") for a, o in BUILDS])
 def test_compiles_without_spills(arch, options, tmp_path):
     src = tmp_path / "cross_entropy.cu"
-    src.write_text(model_new._cuda_source(options))
-    # The flags the import builds with, this toolkit's parallel ptxas included where it has it.
-    flags = model_new._nvcc_flags([f"-gencode=arch=compute_{arch},code=sm_{arch}"], PTXAS)
+    src.write_text(build.cuda_source(options))
+    # The flags the build compiles with, this toolkit's parallel ptxas included where it has it.
+    flags = build.nvcc_flags([f"-gencode=arch=compute_{arch},code=sm_{arch}"], PTXAS)
     proc = subprocess.run([NVCC, "-c", *flags, "-Xptxas", "-v,-warn-spills,-warn-lmem-usage", "-keep", "-keep-dir",
                            str(tmp_path), str(src), "-o", str(tmp_path / "ce.o")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -66,18 +66,18 @@ def test_compiles_without_spills(arch, options, tmp_path):
     assert all(s == ("0", "0", "0") for s in spills), report
     # The launch bounds in the PTX are the policy's: CTAs per SM (_more_registers) and the one-row
     # kernel's threads (_one_row_threads).
-    gpu = model_new._Gpu(int(arch), 1, 0, 2048, 1 << 20, 0, 0.0)
-    ctas, one_row_threads = model_new._ctas_per_sm(model_new._ROWS, gpu), model_new._one_row_threads(gpu)
+    gpu = Gpu(int(arch), 1, 0, 2048, 1 << 20, 0, 0.0)
+    ctas, one_row_threads = policy._ctas_per_sm(ROWS, gpu), policy._one_row_threads(gpu)
     assert ctas == (3 if 80 <= int(arch) < 100 else 2) and one_row_threads == (512 if arch == "75" else 1024)
     ptx = (tmp_path / "cross_entropy.ptx").read_text()
     bounds = re.findall(r"\.entry \w+?\dcross_entropy_(\w+?)_kernelI\w*\([^)]*\)\s*\.maxntid (\d+)(?:, 1, 1)?\s*"
                         r"(?:\.minnctapersm (\d+))?", ptx)
     assert len(bounds) == len(kernels), len(bounds)
     for family, threads, min_ctas in bounds:
-        expected = (str(one_row_threads), "") if family == "one_row" else (str(model_new._THREADS), str(ctas))
+        expected = (str(one_row_threads), "") if family == "one_row" else (str(THREADS), str(ctas))
         assert (threads, min_ctas) == expected, (family, threads, min_ctas)
     # The launch bounds leave 65536 / (threads per SM) registers, in steps of 8.
-    budget = {f: 65536 // (model_new._THREADS * ctas) // 8 * 8 for f in OPTIONS_INSTANCES}
+    budget = {f: 65536 // (THREADS * ctas) // 8 * 8 for f in OPTIONS_INSTANCES}
     budget["one_row"] = 65536 // one_row_threads // 8 * 8
     usage = re.findall(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?", report)  # none: 0
     assert len(usage) == len(kernels), report
@@ -87,8 +87,8 @@ def test_compiles_without_spills(arch, options, tmp_path):
         # to spare, and the options build's own arrays where an instance lacks them (the default build;
         # label smoothing's slots in plain-load rows): CTAs per SM follow from it.
         code = FAMILY_CODES[family]
-        counted = model_new._CTA_SHARED_BYTES[code] - DYNAMIC_SHARED.get(family, 0)
-        spare = 1024 + model_new._OPTIONS_SHARED_BYTES.get(code, 0)
+        counted = policy._CTA_SHARED_BYTES[code] - DYNAMIC_SHARED.get(family, 0)
+        spare = 1024 + policy._OPTIONS_SHARED_BYTES.get(code, 0)
         assert counted - spare <= int(smem or 0) <= counted, (kernel, smem, counted)
 
 
@@ -101,21 +101,31 @@ def _fake_ptxas(path, usage):
 def test_ptxas_runs_on_every_core_only_where_it_can(tmp_path):
     new = _fake_ptxas(tmp_path / "ptxas_new", "--split-compile <N>  (-split-compile)")
     old = _fake_ptxas(tmp_path / "ptxas_old", "--maxrregcount <N>  (-maxrregcount)")
-    assert model_new._parallel_ptxas_flags(new) == ["-Xptxas", "-split-compile=0"]
-    assert model_new._parallel_ptxas_flags(old) == []
-    assert model_new._parallel_ptxas_flags(str(tmp_path / "missing")) == []
-    assert model_new._parallel_ptxas_flags(None) == []
-    assert model_new._nvcc_flags(["-arch=sm_90"], new)[-2:] == ["-Xptxas", "-split-compile=0"]
+    assert build._parallel_ptxas_flags(new) == ["-Xptxas", "-split-compile=0"]
+    assert build._parallel_ptxas_flags(old) == []
+    assert build._parallel_ptxas_flags(str(tmp_path / "missing")) == []
+    assert build._parallel_ptxas_flags(None) == []
+    assert build.nvcc_flags(["-arch=sm_90"], new)[-2:] == ["-Xptxas", "-split-compile=0"]
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def _host_standard():
+    """The C++ standard this torch's load_inline compiles the host module with, from cpp_extension's
+    ninja rules (C++17 in torch 2.4, C++20 in 2.13); C++17 where they cannot be read."""
+    try:
+        rules = inspect.getsource(cpp_extension._write_ninja_file_to_build_library)
+    except (AttributeError, OSError, TypeError):
+        return "c++17"
+    return max(re.findall(r"-std=(c\+\+\d+)", rules), key=lambda std: int(std[3:]), default="c++17")
+
+
+@pytest.mark.nvcc
 @pytest.mark.parametrize("options", [False, True], ids=["default", "options"])
 def test_the_host_module_compiles(options, tmp_path):
-    """The module's C++, the launch's entry and the options build's training node (which reads
-    torch's headers), compiles against this torch's headers, as load_inline builds it: nvcc drives
-    the host compiler, with CUDA's headers."""
+    """The host module's C++ (csrc/module.cpp, and the options build's training node, which reads
+    torch's headers) compiles against this torch's headers, as load_inline builds it (its C++
+    standard too): nvcc drives the host compiler, with CUDA's headers."""
     src = tmp_path / "main.cpp"
-    src.write_text(model_new._cpp_source(options))
+    src.write_text(build.cpp_source(options))
     includes = [f"-I{path}" for path in [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]]
     # torch's CPU wheel leaves out the header a CUDA build generates for c10/cuda's macros: a stand-in
     macros = "c10/cuda/impl/cuda_cmake_macros.h"
@@ -123,7 +133,8 @@ def test_the_host_module_compiles(options, tmp_path):
         (tmp_path / macros).parent.mkdir(parents=True)
         (tmp_path / macros).write_text("#define C10_CUDA_BUILD_SHARED_LIBS\n")
         includes.append(f"-I{tmp_path}")
-    proc = subprocess.run([NVCC, "-x", "c++", "-std=c++17", "-DTORCH_EXTENSION_NAME=kb95", *includes,
+    name = "crossent_sm_90" + ("_options" if options else "")
+    proc = subprocess.run([NVCC, "-x", "c++", f"-std={_host_standard()}", f"-DTORCH_EXTENSION_NAME={name}", *includes,
                            "-Xcompiler", "-fsyntax-only", "-c", str(src), "-o", str(tmp_path / "main.o")],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -5,12 +5,14 @@ import math
 import pytest
 import torch
 
-import model_new
+import crossent
 from cases import logits, targets
-from conftest import requires_cuda
+from crossent import build, dispatch
+from crossent.constants import EXACT_WORDS
+from crossent.params import workspace_layout
 from gpu_checks import assert_matches, plan_for
 
-pytestmark = requires_cuda
+pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("rows, cols, dtype", [(4097, 4096, torch.float32), (4001, 4096, torch.bfloat16),
@@ -20,32 +22,31 @@ def test_exact_sum_is_the_same_in_any_schedule(model, monkeypatch, policy, rows,
     schedule, must give the same bits, and every launch must leave the counters and the exact sum at
     zero for the next; the weighted mean's two exact sums too. Row batches (fp32 and bf16), tiles of
     short rows, rows in registers."""
-    monkeypatch.setattr(model_new, "_workspaces", {})  # its own buffer, which is inspected
+    monkeypatch.setattr(dispatch, "_workspaces", {})  # its own buffer, which is inspected
     x, t = logits(rows, cols, dtype), targets(rows, cols)
     t[::5] = -100
     plan = plan_for(x)
     first = model(x, t)
     assert_matches(first, x, t)
-    ws = model_new._workspaces[(0, torch.cuda.current_stream().cuda_stream)]
+    ws = dispatch._workspaces[(0, torch.cuda.current_stream().cuda_stream)]
     w = (torch.rand(cols, device="cuda") + 0.1).to(dtype)
-    first_weighted = model_new.cross_entropy(x, t, w)
-    exact_off, weight_off, _, _ = model_new._workspace_layout(plan, rows)
-    used = (weight_off + 8 * model_new._EXACT_WORDS) // 4
+    first_weighted = crossent.cross_entropy(x, t, w)
+    exact_off, weight_off, _, _ = workspace_layout(plan, rows)
+    used = (weight_off + 8 * EXACT_WORDS) // 4
     for grid in (2, 3, 37, plan.grid // 2, plan.grid):
-        policy("_plan_on", lambda *_: plan._replace(grid=grid))
+        # every call's plan (dispatch.plan_rows': the fixture clears plan_on's cache, so plan_on stays)
+        policy("plan_rows", lambda *_, **__: plan._replace(grid=grid))
         for _ in range(2):
             assert torch.equal(model(x, t), first), grid
             assert not ws[:used].any()
-            assert torch.equal(model_new.cross_entropy(x, t, w), first_weighted), grid
+            assert torch.equal(crossent.cross_entropy(x, t, w), first_weighted), grid
             assert not ws[:used].any()
 
 
-# The exact sum's device code alone (its section of the kernels' source, after the constants it
+# The exact sum's device code alone (common/exact_sum.cuh, after arch.cuh and the constants it
 # uses), with a kernel that adds values in the order given and one thread that reads the sum back.
 _EXACT_SUM_TEST_SRC = r"""
-#include <cstdint>
-{preamble}
-{section}
+{source}
 __global__ void add_all(const float* v, long long n, unsigned long long* acc) {{
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i < n) exact_add(acc, v[i]);
@@ -61,14 +62,12 @@ void exact_sum_of(uintptr_t v, int64_t n, uintptr_t acc, uintptr_t out) {{
 @pytest.fixture(scope="module")
 def exact_sum_of():
     from torch.utils.cpp_extension import load_inline
-    marker = "// ------------------------------------------------------------------ "
-    section = model_new._CUDA_SRC.split(marker + "the exact sum\n")[1].split(marker)[0]
-    ext = load_inline(name="kb95_exact_sum_test", cpp_sources=[
+    source = build.assemble(["common/arch.cuh", "common/exact_sum.cuh"])
+    ext = load_inline(name="crossent_exact_sum_test", cpp_sources=[
         "#include <pybind11/pybind11.h>\n#include <cstdint>\nvoid exact_sum_of(uintptr_t, int64_t, uintptr_t, uintptr_t);\n"
         "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"exact_sum_of\", &exact_sum_of); }"],
-        cuda_sources=[_EXACT_SUM_TEST_SRC.format(preamble=model_new._cuda_preamble(), section=section)],
-        extra_cuda_cflags=["-O3"], **model_new._build_options())
-    acc = torch.zeros(model_new._EXACT_WORDS, dtype=torch.int64, device="cuda")
+        cuda_sources=[_EXACT_SUM_TEST_SRC.format(source=source)], extra_cuda_cflags=["-O3"], **build._build_options())
+    acc = torch.zeros(EXACT_WORDS, dtype=torch.int64, device="cuda")
 
     def run(values):
         v = torch.tensor(values, dtype=torch.float32, device="cuda")

@@ -5,13 +5,15 @@ as compute_75 PTX that the driver compiles for this GPU, runs correctly under sm
 import pytest
 import torch
 
-import model_new
 from cases import DTYPES, PATHS, SHAPES as GPU_SHAPES, logits, targets, views
-from conftest import requires_cuda
+from crossent import build, params
+from crossent import policy as launch_policy
+from crossent.constants import ONE_ROW, ROW_BATCHES, ROWS, THREADS, TILES
+from crossent.gpu import DEVICE_ATTRIBUTES
 from gpu_checks import assert_matches, special_rows
 from plans import GPU_PLANS, GPUS, SHAPES, plan
 
-FAMILIES = (model_new._ROWS, model_new._TILES, model_new._ROW_BATCHES, model_new._ONE_ROW)
+FAMILIES = (ROWS, TILES, ROW_BATCHES, ONE_ROW)
 LARGE = 64 << 20  # logits of this many bytes or more keep every SM busy
 
 
@@ -22,12 +24,12 @@ def test_every_family_fits_every_gpu(name):
     threads and its shared memory."""
     g = GPU_PLANS[name]
     for family in FAMILIES:
-        ctas = model_new._ctas_per_sm(family, g)
+        ctas = launch_policy._ctas_per_sm(family, g)
         assert 1 <= ctas <= (2 if g.cc < 80 or g.cc >= 100 else 3), (family, ctas)
-        assert ctas * model_new._THREADS <= g.threads_per_sm
-        assert ctas * (model_new._CTA_SHARED_BYTES[family] + g.smem_reserved) <= g.smem_per_sm
+        assert ctas * THREADS <= g.threads_per_sm
+        assert ctas * (launch_policy._CTA_SHARED_BYTES[family] + g.smem_reserved) <= g.smem_per_sm
     # one CTA of the one-row kernel, at its most threads, fits one SM
-    assert model_new._one_row_threads(g) == (512 if g.cc < 80 else 1024) <= g.threads_per_sm
+    assert launch_policy._one_row_threads(g) == (512 if g.cc < 80 else 1024) <= g.threads_per_sm
 
 
 @pytest.mark.parametrize("name", GPUS)
@@ -37,62 +39,75 @@ def test_every_gpus_plans_are_legal_and_sensible(name, elem_bytes):
     for rows, cols in SHAPES + [(262144, 250), (8192, 16001), (2000000, 24)]:
         p = plan(rows, cols, elem_bytes, on=g)
         where = (name, rows, cols, elem_bytes, p)
-        assert 1 <= p.grid <= model_new._max_grid(p.family, g) and p.grid < 2**31, where
-        if p.family == model_new._ONE_ROW:
-            assert 32 <= p.group <= model_new._one_row_threads(g), where
+        assert 1 <= p.grid <= launch_policy._max_grid(p.family, g) and p.grid < 2**31, where
+        if p.family == ONE_ROW:
+            assert 32 <= p.group <= launch_policy._one_row_threads(g), where
         else:
             assert p.chunks >= p.grid or p.chunks == 0, where
         if p.splits > 1:  # a partial per segment, all in the workspace
-            assert model_new._workspace_layout(p, rows)[3] >= 16 * rows * p.splits + 176, where
+            assert params.workspace_layout(p, rows)[3] >= 16 * rows * p.splits + 176, where
         if rows * cols * elem_bytes >= LARGE:
             assert p.grid >= g.sms, where
 
 
 def test_the_rules_each_gpu_gets():
     """Where the GPUs differ: CTAs per SM (registers before sm_80 and on Blackwell, shared memory for
-    tiles), the one-row kernel's size on sm_75, and fast memory (_Gpu.fast_memory)."""
-    ctas = {name: tuple(model_new._ctas_per_sm(f, g) for f in FAMILIES) for name, g in GPU_PLANS.items()}
+    tiles), the one-row kernel's size on sm_75, and fast memory (policy._fast_memory)."""
+    ctas = {name: tuple(launch_policy._ctas_per_sm(f, g) for f in FAMILIES) for name, g in GPU_PLANS.items()}
     #          rows, tiles, row batches, one row
     assert ctas["T4"] == (2, 1, 2, 2)
     assert ctas["A10G"] == ctas["L4"] == ctas["L40S"] == (3, 2, 3, 3)
     assert ctas["A100-80GB"] == ctas["H100"] == ctas["H200"] == (3, 3, 3, 3)
     assert ctas["B200"] == (2, 2, 2, 2) and ctas["RTX 5090"] == (2, 2, 2, 2)
-    assert plan(1, 32768, 4, on=GPU_PLANS["H100"]).family == model_new._ONE_ROW
-    assert plan(1, 32768, 4, on=GPU_PLANS["T4"]).family == model_new._ROWS  # past 512 threads' batch
-    assert plan(1, 16384, 4, on=GPU_PLANS["T4"]).family == model_new._ONE_ROW
+    assert plan(1, 32768, 4, on=GPU_PLANS["H100"]).family == ONE_ROW
+    assert plan(1, 32768, 4, on=GPU_PLANS["T4"]).family == ROWS  # past 512 threads' batch
+    assert plan(1, 16384, 4, on=GPU_PLANS["T4"]).family == ONE_ROW
 
 
 def test_every_table_gives_what_the_driver_is_asked():
-    """plans.GPUS gives each of _DEVICE_ATTRIBUTES (test_cuda_source compiles the runtime's enumerators;
+    """plans.GPUS gives each of gpu.DEVICE_ATTRIBUTES (test_cuda_source compiles the runtime's enumerators;
     the GPU test checks their values against torch's)."""
-    assert all(set(table) == {name for name, _ in model_new._DEVICE_ATTRIBUTES} for table in GPUS.values())
+    assert all(set(table) == {name for name, _ in DEVICE_ATTRIBUTES} for table in GPUS.values())
 
 
-def test_the_build_covers_every_visible_architecture(monkeypatch):
+@pytest.fixture
+def fresh_archs(monkeypatch):
+    """build._archs, cached per process, read afresh under the test's patched torch.cuda, and its
+    cache dropped again before the patches are undone, so that no other test sees the fake GPUs.
+    (The builds' own caches are left alone: the tests call the functions they wrap.)"""
+    build._archs.cache_clear()
+    yield build._archs
+    build._archs.cache_clear()
+
+
+def test_the_build_covers_every_visible_architecture(monkeypatch, fresh_archs):
     """A host mixing GPUs gets code for each supported one; the current one decides the refusal."""
     capabilities = {0: (9, 0), 1: (8, 0), 2: (9, 0), 3: (7, 0)}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: capabilities[i])
-    monkeypatch.setattr(model_new, "_build", lambda archs, ptx=False: archs)
-    assert model_new._load_extension() == ["80", "90"]
+    monkeypatch.setattr(build, "_build", lambda archs, ptx=False, options=False: (archs, options))
+    assert fresh_archs() == ("80", "90")
+    assert build.default_extension.__wrapped__() == (["80", "90"], False)
+    assert build.options_extension.__wrapped__() == (["80", "90"], True)
 
 
-def test_a_gpu_older_than_sm75_is_refused_by_name(monkeypatch):
+def test_a_gpu_older_than_sm75_is_refused_by_name(monkeypatch, fresh_archs):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100-SXM2-16GB")
-    monkeypatch.setattr(model_new, "_build", lambda *a, **k: pytest.fail("built for an unsupported GPU"))
-    with pytest.raises(RuntimeError, match=r"compute capability 7\.5 \(Turing: T4\) or newer; "
-                                           r"this one \(Tesla V100-SXM2-16GB\) has 7\.0"):
-        model_new._load_extension()
+    monkeypatch.setattr(build, "_build", lambda *a, **k: pytest.fail("built for an unsupported GPU"))
+    refusal = r"compute capability 7\.5 \(Turing: T4\) or newer; this one \(Tesla V100-SXM2-16GB\) has 7\.0"
+    for call in (fresh_archs, build.default_extension.__wrapped__, build.options_extension.__wrapped__):
+        with pytest.raises(RuntimeError, match=refusal):
+            call()
 
 
 # ------------------------------------------------------------------ on the GPU
-@requires_cuda
+@pytest.mark.gpu
 def test_the_drivers_figures_are_this_gpus():
     index = torch.cuda.current_device()
-    g, props = model_new._gpu(index), torch.cuda.get_device_properties(index)
+    g, props = build.device_gpu(index), torch.cuda.get_device_properties(index)
     assert g.cc == 10 * props.major + props.minor and g.sms == props.multi_processor_count
     assert g.threads_per_sm == props.max_threads_per_multi_processor and g.l2_bytes == props.L2_cache_size
     if hasattr(props, "memory_clock_rate"):
@@ -114,27 +129,27 @@ def _check_shapes(model):
             assert_matches(model(x, t), x, t)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", GPUS)
 def test_each_gpus_plans_run_correctly_here(model, policy, name):
     """Another GPU's grids, CTAs per SM, one-row sizes and load kinds, launched on this one."""
-    policy("_gpu", lambda _: GPU_PLANS[name])
+    policy("device_gpu", lambda _: GPU_PLANS[name])
     _check_shapes(model)
 
 
 @pytest.fixture(scope="module")
 def sm75_code():
-    return model_new._build(["75"], ptx=True)
+    return build._build(["75"], ptx=True)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("planned_for", ["this GPU as sm_75", "T4"])
-def test_the_code_sm75_gets_runs_correctly_through_ptx(model, policy, monkeypatch, sm75_code, planned_for):
+def test_the_code_sm75_gets_runs_correctly_through_ptx(model, policy, sm75_code, planned_for):
     """sm_75's code (no cp.async, bf16 through float conversion, the packed max emulated), compiled
     by the driver for this GPU, under the plans sm_75 gets."""
-    g = model_new._gpu(torch.cuda.current_device())._replace(cc=75) if planned_for != "T4" else GPU_PLANS["T4"]
-    monkeypatch.setattr(model_new, "_ext", sm75_code)
-    policy("_gpu", lambda _: g)
+    g = build.device_gpu(torch.cuda.current_device())._replace(cc=75) if planned_for != "T4" else GPU_PLANS["T4"]
+    policy("default_extension", lambda: sm75_code)
+    policy("device_gpu", lambda _: g)
     _check_shapes(model)
     # NaN, +-inf and all -inf through the emulated max and bf16 conversion, in every family
     for dtype in DTYPES.values():

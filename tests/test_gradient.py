@@ -2,15 +2,19 @@
 reference; no gradient work without one; double backward refused; torch.compile with fullgraph,
 CUDA graphs, determinism and a training run beside eager PyTorch's. On the CPU, the gradient's
 launch policy and its fields in the parameter block."""
+import os
 import re
 
 import pytest
 import torch
 
-import model_new
+import crossent
+from crossent import build, constants, dispatch, gradient, ops, params
+from crossent import policy as launch_policy
+
 from cases import DTYPES, logits, views
 from cases import expected_loss as expected
-from conftest import requires_cuda
+from conftest import ROOT
 from plans import GPU_PLANS, H100
 from test_options import assert_close
 from test_streamed import probabilities
@@ -108,7 +112,7 @@ def check_gradient(x, t, options, scale=1.0, lse_grad=False):
     x = x.detach().requires_grad_()
     probs = t.is_floating_point()
     t = t.detach().requires_grad_() if probs else t
-    out = model_new.cross_entropy(x, t, **options, return_lse=lse_grad)
+    out = crossent.cross_entropy(x, t, **options, return_lse=lse_grad)
     loss, lse = out if lse_grad else (out, None)
     want_loss = float64_loss(x.detach().double(), t.detach().double() if probs else t, options)
     assert_close(loss.detach(), want_loss, loss.dtype)
@@ -127,19 +131,20 @@ def check_gradient(x, t, options, scale=1.0, lse_grad=False):
 
 # ------------------------------------------------------------------ on the CPU
 def test_a_second_load_registers_operators_of_its_own():
-    """A harness that runs model_new.py's source again in the same process (run_eval, KernelBench) gets
-    operators under a namespace of its own; the first load's stay as they were."""
+    """A harness that runs model_new.py's source (the bundle) in a process where the package is loaded
+    (run_eval, KernelBench) gets operators under a namespace of its own; the first load's stay as they
+    were."""
     context = {}
-    with open(model_new.__file__) as f:
+    with open(os.path.join(ROOT, "model_new.py")) as f:
         exec(compile(f.read(), "model_new.py", "exec"), context)
-    assert context["_OP_NAMESPACE"] != model_new._OP_NAMESPACE
-    for namespace in (model_new._OP_NAMESPACE, context["_OP_NAMESPACE"]):
+    assert context["OP_NAMESPACE"] != ops.OP_NAMESPACE
+    for namespace in (ops.OP_NAMESPACE, context["OP_NAMESPACE"]):
         assert hasattr(getattr(torch.ops, namespace), "cross_entropy_backward"), namespace
-    assert model_new._forward_op._qualname == f"{model_new._OP_NAMESPACE}::cross_entropy"
+    assert ops.forward_op._qualname == f"{ops.OP_NAMESPACE}::cross_entropy"
 
 
 def test_the_gradients_fields_come_last():
-    names = [name for name, *_ in model_new._PARAMS]
+    names = [name for name, *_ in params.PARAMS]
     assert names[-7:] == ["grad", "grad_row_stride", "grad_out", "grad_lse", "weight_total", "grad_probs", "grad_in"]
 
 
@@ -148,26 +153,26 @@ def test_the_gradient_policy(gpu):
     """A warp a row at most, fewer lanes where each would get less than a round of vectors; a thread a
     position for strided classes; every CTA that fits, or as many as the rows need."""
     on = GPU_PLANS[gpu]
-    ctas = model_new._max_grid(model_new._GRADIENT, on)
+    ctas = launch_policy._max_grid(constants.GRADIENT, on)
     for rows, cols, elem_bytes, class_stride, group in [(32768, 4096, 4, 1, 32), (8192, 128256, 2, 1, 32),
                                                        (300, 7, 4, 1, 1), (1000, 64, 4, 1, 4), (1000, 64, 2, 1, 2),
                                                        (5, 1, 2, 1, 1), (2 * 512 * 512, 21, 2, 512 * 512, 1)]:
-        plan = model_new._gradient_plan(rows, cols, elem_bytes, on, class_stride)
-        assert plan.family == model_new._GRADIENT and plan.group == group, (rows, cols, plan)
-        assert plan.grid == min(ctas, -(-rows // (model_new._THREADS // group))), plan
-    assert model_new._gradient_plan(0, 5, 4, H100, 1).grid == 1
+        plan = launch_policy.gradient_plan(rows, cols, elem_bytes, on, class_stride)
+        assert plan.family == constants.GRADIENT and plan.group == group, (rows, cols, plan)
+        assert plan.grid == min(ctas, -(-rows // (constants.THREADS // group))), plan
+    assert launch_policy.gradient_plan(0, 5, 4, H100, 1).grid == 1
 
 
 @pytest.mark.parametrize("gpu", ["H100", "T4", "B200"])
 def test_the_fused_policy(gpu):
     """Where the logits train, contiguous rows of class indices on the 16-byte grid that fit a CTA's
-    registers take the fused family: the fewest lanes that hold a row at _FUSED_VECS vectors each (half
+    registers take the fused family: the fewest lanes that hold a row at FUSED_VECS vectors each (half
     as many on sm_75: the T4), and a lane at least for each element off the vectors (16 for 16-bit
     logits, 8 for float32), several rows a warp where they are short. From sm_90 on, longer rows take
     a cluster's CTAs, a row a chunk, up to 16 CTAs on sm_90 and 8 after it, none for soft-capped
     logits; every other problem the forward's own plan."""
     on = GPU_PLANS[gpu]
-    ctas = model_new._max_grid(model_new._FUSED, on)
+    ctas = launch_policy._max_grid(constants.FUSED, on)
     # (rows, cols, element bytes, group on sm_90, on sm_100, on sm_75); 0: not fused
     for rows, cols, elem_bytes, *groups in [
             (32768, 4096, 4, 128, 128, 256), (32768, 4096, 2, 64, 64, 128), (65536, 1000, 2, 16, 16, 32),
@@ -176,33 +181,35 @@ def test_the_fused_policy(gpu):
             (4096, 8192, 2, 128, 128, 256), (3, 8193, 4, 512, 512, 0), (16384, 32000, 2, 512, 512, 0),
             (8192, 128256, 2, 2048, 2048, 0), (4096, 256000, 2, 4096, 0, 0), (2, 600000, 2, 0, 0, 0)]:
         group = groups[["H100", "B200", "T4"].index(gpu)]
-        plan = model_new._plan(rows, cols, cols, elem_bytes, on, fuse=True)
+        plan = launch_policy.plan_launch(rows, cols, cols, elem_bytes, on, fuse=True)
         if not group:
-            assert plan.family != model_new._FUSED and plan == model_new._plan(rows, cols, cols, elem_bytes, on)
+            assert plan.family != constants.FUSED
+            assert plan == launch_policy.plan_launch(rows, cols, cols, elem_bytes, on)
             continue
-        assert plan.family == model_new._FUSED and plan.group == group, (rows, cols, plan)
-        cluster = max(1, group // model_new._THREADS)
-        assert plan.chunks == -(-rows // max(1, model_new._THREADS // group)), plan
+        assert plan.family == constants.FUSED and plan.group == group, (rows, cols, plan)
+        cluster = max(1, group // constants.THREADS)
+        assert plan.chunks == -(-rows // max(1, constants.THREADS // group)), plan
         assert plan.grid == min(ctas // cluster, plan.chunks) * cluster, plan
-        capped = model_new._plan(rows, cols, cols, elem_bytes, on, capped=True, fuse=True)
-        assert (capped.family == model_new._FUSED) == (cluster == 1), capped
+        capped = launch_policy.plan_launch(rows, cols, cols, elem_bytes, on, capped=True, fuse=True)
+        assert (capped.family == constants.FUSED) == (cluster == 1), capped
     if on.cc >= 90:  # a cluster's CTAs hold a share of the row in shared memory too: an SM of less holds fewer
         small = on._replace(smem_per_sm=48 << 10)  # one CTA with its share
-        plan = model_new._plan(8192, 128256, 128256, 2, small, fuse=True)
-        assert plan.grid == small.sms // 8 * 8 < model_new._plan(8192, 128256, 128256, 2, on, fuse=True).grid, plan
+        plan = launch_policy.plan_launch(8192, 128256, 128256, 2, small, fuse=True)
+        every = launch_policy.plan_launch(8192, 128256, 128256, 2, on, fuse=True)
+        assert plan.grid == small.sms // 8 * 8 < every.grid, plan
     for args, options in [((64, 1000, 1000, 4), {"probs": True}), ((64, 1000, 1000, 4), {"class_stride": 7}),
                           ((64, 1000, 1000, 4), {"offset": 4}), ((64, 1000, 1003, 4), {})]:
-        assert model_new._plan(*args, on, fuse=True, **options).family != model_new._FUSED, (args, options)
+        assert launch_policy.plan_launch(*args, on, fuse=True, **options).family != constants.FUSED, (args, options)
 
 
 def test_the_gradients_layout_is_the_one_the_kernel_reads_as_rows():
-    """_empty_gradient (the real backward's and its fake's): channels last where the logits are, which
+    """empty_gradient (the real backward's and its fake's): channels last where the logits are, which
     the kernel writes as rows of C in place; else contiguous, whatever the logits' strides."""
     x = torch.randn(2, 5, 3, 4)
     last = x.contiguous(memory_format=torch.channels_last)
     for given, channels_last in [(x, False), (last, True), (torch.randn(7, 3).t(), False), (torch.randn(6), False),
                                  (torch.randn(2, 5, 3, 4)[:, :, 1:], False)]:
-        g = model_new._empty_gradient(given, torch.bfloat16)
+        g = dispatch.empty_gradient(given, torch.bfloat16)
         assert g.shape == given.shape and g.dtype == torch.bfloat16
         assert g.movedim(1, -1).is_contiguous() if channels_last else g.is_contiguous(), given.stride()
 
@@ -211,30 +218,32 @@ def test_the_means_divisor_counts_as_the_kernels_do():
     """Rows counted (or their classes' weights), int32 targets compared with the ignore index in 64
     bits: 2**32 + 3 is no class of an int32 tensor."""
     t = torch.tensor([0, 3, -100, 3, 1], dtype=torch.int32)
-    assert model_new._counted(t, None, -100).item() == 4
-    assert model_new._counted(t, None, 2**32 + 3).item() == 5
-    assert model_new._counted(t.long(), None, 3).item() == 3
+    assert gradient._counted(t, None, -100).item() == 4
+    assert gradient._counted(t, None, 2**32 + 3).item() == 5
+    assert gradient._counted(t.long(), None, 3).item() == 3
     w = torch.tensor([0.5, 2.0, 1.0, 4.0])
-    assert model_new._counted(t, w, -100).item() == 0.5 + 4.0 + 4.0 + 2.0
+    assert gradient._counted(t, w, -100).item() == 0.5 + 4.0 + 4.0 + 2.0
 
 
 def test_what_is_not_a_tensor_meets_the_apis_error():
     """The dispatch asks whether a gradient is wanted before the checks run: a list for targets must
     still get the checks' TypeError."""
     with pytest.raises(TypeError, match="two tensors"):
-        model_new.cross_entropy(torch.randn(2, 3, requires_grad=True), [1, 2])
+        crossent.cross_entropy(torch.randn(2, 3, requires_grad=True), [1, 2])
     with pytest.raises(TypeError, match="two tensors"):
-        model_new.ModelNew()([[0.5, 0.5]], torch.tensor([0]))
+        crossent.ModelNew()([[0.5, 0.5]], torch.tensor([0]))
 
 
 def test_the_operators_are_registered_with_their_autograd():
-    assert hasattr(torch.ops.kb95, "cross_entropy") and hasattr(torch.ops.kb95, "cross_entropy_backward")
-    schema = str(torch.ops.kb95.cross_entropy.default._schema)
+    assert re.fullmatch(r"crossent(_\d+)?", ops.OP_NAMESPACE), ops.OP_NAMESPACE
+    namespace = getattr(torch.ops, ops.OP_NAMESPACE)
+    assert hasattr(namespace, "cross_entropy") and hasattr(namespace, "cross_entropy_backward")
+    schema = str(namespace.cross_entropy.default._schema)
     assert "Tensor? weight" in schema and schema.endswith("-> (Tensor, Tensor)"), schema
 
 
 # ------------------------------------------------------------------ on the GPU
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("name", OPTIONS)
 def test_class_index_gradients(dtype, name):
@@ -246,7 +255,7 @@ def test_class_index_gradients(dtype, name):
             check_gradient(logits(rows, cols, dtype), t, options, scale=scale)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("name", PROBS_OPTIONS)
 def test_probability_target_gradients(dtype, name):
@@ -257,7 +266,7 @@ def test_probability_target_gradients(dtype, name):
     check_gradient(x, probabilities((40, 300), torch.float32 if dtype != torch.float32 else torch.bfloat16), {})
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_positions_unbatched_and_views(dtype):
     for shape in POSITION_SHAPES:
@@ -277,7 +286,7 @@ def test_positions_unbatched_and_views(dtype):
             check_gradient(view, class_targets((50, 37), 37, ignore_index), options)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["defaults", "softcap", "everything, none"])
 def test_the_log_sum_exps_gradient(name):
     """Where the returned log-sum-exp reaches the result (a z-loss of one's own, say) its gradient adds."""
@@ -288,7 +297,7 @@ def test_the_log_sum_exps_gradient(name):
                    {k: v for k, v in options.items() if k != "ignore_index"}, lse_grad=True)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_the_fused_forward_writes_the_gradient_and_the_backward_keeps_it(dtype):
     """One launch for loss and gradient where the fused family takes the logits, none where they do
@@ -297,7 +306,7 @@ def test_the_fused_forward_writes_the_gradient_and_the_backward_keeps_it(dtype):
     retained graph gives the same gradient again."""
     x, t = logits(256, 1000, dtype).requires_grad_(), class_targets((256, 1000), 1000)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        loss = model_new.cross_entropy(x, t, label_smoothing=0.1)
+        loss = crossent.cross_entropy(x, t, label_smoothing=0.1)
         torch.cuda.synchronize()
     assert [e.name for e in prof.events() if "cross_entropy" in e.name and "fused" in e.name], prof.events()
     loss.backward(retain_graph=True)
@@ -307,14 +316,14 @@ def test_the_fused_forward_writes_the_gradient_and_the_backward_keeps_it(dtype):
     assert_gradient(first, float64_gradients(x, t, torch.ones((), device="cuda"), {"label_smoothing": 0.1})[0], dtype)
     options = {"reduction": "none", "z_loss": 1e-3, "weight": (torch.rand(1000, device="cuda") + 0.5).to(dtype)}
     x.grad = None
-    losses = model_new.cross_entropy(x, t, **options)
+    losses = crossent.cross_entropy(x, t, **options)
     grad = torch.where(torch.arange(256, device="cuda") % 3 == 0, torch.ones(256, device="cuda"),
                        torch.randn(256, device="cuda")).to(dtype)
     losses.backward(grad)
     assert_gradient(x.grad, float64_gradients(x, t, grad, options)[0], dtype)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_clusters_take_row_after_row(dtype):
     """Rows held by a thread-block cluster (sm_90 on), many to a cluster: the claims it sends between
@@ -324,14 +333,14 @@ def test_clusters_take_row_after_row(dtype):
         pytest.skip("clusters hold rows from sm_90 on; this GPU takes them in two kernels")
     for rows, cols in [(1000, 16411), (300, 70001)]:
         x = logits(rows, cols, dtype)
-        plan = model_new._fused_plan(rows, cols, x.element_size(), model_new._gpu(x.get_device()))
+        plan = launch_policy._fused_plan(rows, cols, x.element_size(), build.device_gpu(x.get_device()))
         if plan is None and cols > 16411:  # past 8 CTAs: sm_90's alone
             continue
-        ctas = plan.group // model_new._THREADS
+        ctas = plan.group // constants.THREADS
         assert ctas > 1 and plan.chunks >= 3 * plan.grid // ctas, plan  # past each cluster's first two rows
         t = class_targets((rows, cols), cols)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            model_new.cross_entropy(x.detach().requires_grad_(), t)
+            crossent.cross_entropy(x.detach().requires_grad_(), t)
             torch.cuda.synchronize()
         assert [e.name for e in prof.events() if re.search(r"cross_entropy_fused_kernel<.*, true>", e.name)], \
             [e.name for e in prof.events()]
@@ -349,13 +358,13 @@ def inplace_gradient(x, t, options, grad=None):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start = torch.cuda.memory_allocated()
-    loss = model_new.cross_entropy(y, t, **options, inplace=True)
+    loss = crossent.cross_entropy(y, t, **options, inplace=True)
     (dx,) = torch.autograd.grad(loss, y, torch.ones_like(loss) if grad is None else grad)
     torch.cuda.synchronize()
     return dx, dx.data_ptr() == y.data_ptr(), torch.cuda.max_memory_allocated() - start
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_inplace_writes_the_gradient_over_the_logits(dtype):
     """inplace=True, for every way the gradient gets written (a CTA's fused rows, a cluster's, the
@@ -378,7 +387,7 @@ def test_inplace_writes_the_gradient_over_the_logits(dtype):
             for reduction in ("mean", "none"):
                 options["reduction"] = reduction
                 xr = view.detach().clone().requires_grad_()
-                loss = model_new.cross_entropy(xr, t, **options)
+                loss = crossent.cross_entropy(xr, t, **options)
                 loss.backward(torch.ones_like(loss))
                 dx, in_place, extra = inplace_gradient(view, t, options)
                 case = (shape, reduction, {k: v for k, v in options.items() if k != "weight"})
@@ -392,7 +401,7 @@ def test_inplace_writes_the_gradient_over_the_logits(dtype):
                 assert_gradient(dx, want, dtype, case, roundings=2)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_inplace_refuses_what_it_would_get_wrong():
     """Autograd raises where a tensor saved from the logits would be read (it holds the gradient now);
     leaves, probability targets that train, a gradient through the returned log-sum-exp, a layout the
@@ -402,23 +411,23 @@ def test_inplace_refuses_what_it_would_get_wrong():
     t = class_targets((64, 1000), 1000)
     y = w * 2
     aux = y.pow(2).sum()  # pow saves y
-    loss = model_new.cross_entropy(y, t, inplace=True) + aux
+    loss = crossent.cross_entropy(y, t, inplace=True) + aux
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
     for leaf in (w, w[:10]):
         with pytest.raises(RuntimeError, match="leaf"):
-            model_new.cross_entropy(leaf, t[:leaf.shape[0]], inplace=True)
+            crossent.cross_entropy(leaf, t[:leaf.shape[0]], inplace=True)
     with pytest.raises(ValueError, match="probability targets"):
-        model_new.cross_entropy(w * 2, probabilities((64, 1000), torch.float32).requires_grad_(), inplace=True)
-    loss, lse = model_new.cross_entropy(w * 2, t, inplace=True, return_lse=True)
+        crossent.cross_entropy(w * 2, probabilities((64, 1000), torch.float32).requires_grad_(), inplace=True)
+    loss, lse = crossent.cross_entropy(w * 2, t, inplace=True, return_lse=True)
     with pytest.raises(RuntimeError, match="log-sum-exp"):
         (loss + lse.sum()).backward()
     with pytest.raises(ValueError, match="copied"):
-        model_new.cross_entropy((logits(1000, 64, torch.float32).requires_grad_() * 2).t(), t, inplace=True)
+        crossent.cross_entropy((logits(1000, 64, torch.float32).requires_grad_() * 2).t(), t, inplace=True)
     y = w * 2
     for overlapping in (y[0].expand(64, 1000), y.view(-1)[:63 * 500 + 1000].as_strided((64, 1000), (500, 1))):
         with pytest.raises(RuntimeError, match="overlap"):
-            model_new.cross_entropy(overlapping, t, inplace=True)
+            crossent.cross_entropy(overlapping, t, inplace=True)
     assert torch.equal(y, w.detach() * 2)  # refused before any launch
     # not refused: rows further apart than C, and rows of one class; the logits hold their gradient after
     for cols, legal in ((999, lambda y: y[:, :999]), (1, lambda y: y[:, :1].contiguous())):
@@ -427,21 +436,21 @@ def test_inplace_refuses_what_it_would_get_wrong():
         for inplace in (False, True):
             w.grad = None
             y = legal(w * 2)
-            model_new.cross_entropy(y, tl, inplace=inplace).backward()
+            crossent.cross_entropy(y, tl, inplace=inplace).backward()
             grads.append(w.grad)
         assert torch.equal(grads[0], grads[1]) and torch.equal(y * 2, grads[1][:, :cols]), cols
-    loss = model_new.cross_entropy(w * 2, t, inplace=True)
+    loss = crossent.cross_entropy(w * 2, t, inplace=True)
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="second backward"):
         loss.backward()
     y = w.detach() * 2
     kept = y.clone()
     with torch.no_grad():
-        model_new.cross_entropy(y.requires_grad_(), t, inplace=True)
+        crossent.cross_entropy(y.requires_grad_(), t, inplace=True)
     assert torch.equal(y, kept)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_special_values():
     x = logits(8, 100, torch.float32)
     t = torch.arange(8, device="cuda")
@@ -453,22 +462,22 @@ def test_special_values():
     x = logits(4, 100, torch.float32)
     x[1, :] = float("nan")    # an ignored row's gradient is exactly 0, whatever it holds
     x.requires_grad_()
-    model_new.cross_entropy(x, torch.tensor([1, -100, 3, 4], device="cuda")).backward()
+    crossent.cross_entropy(x, torch.tensor([1, -100, 3, 4], device="cuda")).backward()
     assert torch.equal(x.grad[1], torch.zeros_like(x.grad[1])) and torch.isfinite(x.grad).all()
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_every_row_ignored_gives_a_zero_gradient():
     x = logits(6, 50, torch.float32).requires_grad_()
-    loss = model_new.cross_entropy(x, torch.full((6,), -100, device="cuda"))
+    loss = crossent.cross_entropy(x, torch.full((6,), -100, device="cuda"))
     loss.backward()
     assert torch.isnan(loss) and torch.equal(x.grad, torch.zeros_like(x))
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_modelnew_trains_and_no_grad_does_no_gradient_work():
     x, t = logits(64, 1000, torch.float32), class_targets((64, 1000), 1000)
-    model = model_new.ModelNew(label_smoothing=0.1)
+    model = crossent.ModelNew(label_smoothing=0.1)
     assert model(x, t).grad_fn is None
     x.requires_grad_()
     with torch.no_grad():
@@ -485,18 +494,18 @@ def test_modelnew_trains_and_no_grad_does_no_gradient_work():
     assert_gradient(x.grad, want, torch.float32)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_double_backward_raises():
     x = logits(16, 100, torch.float32).requires_grad_()
-    loss = model_new.cross_entropy(x, class_targets((16, 100), 100))
+    loss = crossent.cross_entropy(x, class_targets((16, 100), 100))
     (g,) = torch.autograd.grad(loss, x, create_graph=False)
     assert g.grad_fn is None
-    loss = model_new.cross_entropy(x, class_targets((16, 100), 100))
+    loss = crossent.cross_entropy(x, class_targets((16, 100), 100))
     with pytest.raises(RuntimeError, match="double backward"):
         torch.autograd.grad(loss, x, create_graph=True)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_gradients_are_bitwise_the_same_run_to_run(dtype):
     x, t = logits(4096, 4099, dtype), class_targets((4096, 4099), 4099)
@@ -504,12 +513,12 @@ def test_gradients_are_bitwise_the_same_run_to_run(dtype):
     grads = []
     for _ in range(3):
         xr = x.clone().requires_grad_()
-        model_new.cross_entropy(xr, t, weight=w, label_smoothing=0.1).backward()
+        crossent.cross_entropy(xr, t, weight=w, label_smoothing=0.1).backward()
         grads.append(xr.grad)
     assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], grads[2])
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_the_operators_pass_torch_librarys_checks():
     """The schema, the fake (shapes, dtypes), the autograd registration, and traced against eager."""
     x, w = logits(16, 100, torch.float32).requires_grad_(), torch.rand(100, device="cuda")
@@ -517,17 +526,17 @@ def test_the_operators_pass_torch_librarys_checks():
     for args in [(x, class_targets((16, 100), 100), None, -100, "mean", 0.0, 0.0, 0.0, False),
                  (x, class_targets((16, 100), 100, 3), w, 3, "none", 0.1, 1e-3, 5.0, False),
                  (x, q, w, -100, "sum", 0.1, 0.0, 0.0, False)]:
-        torch.library.opcheck(model_new._forward_op, args)
+        torch.library.opcheck(ops.forward_op, args)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_a_compiled_model_keeps_it_in_one_graph():
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 1000, device="cuda")
     x, t = torch.randn(128, 64, device="cuda"), class_targets((128, 1000), 1000)
 
     def step(x, t):
-        return model_new.cross_entropy(linear(x), t, label_smoothing=0.1, z_loss=1e-3)
+        return crossent.cross_entropy(linear(x), t, label_smoothing=0.1, z_loss=1e-3)
     compiled = torch.compile(step, fullgraph=True)
     loss = compiled(x, t)
     loss.backward()
@@ -540,7 +549,7 @@ def test_a_compiled_model_keeps_it_in_one_graph():
         torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["transposed", "channels last", "strided classes", "probabilities unlike logits"])
 def test_a_compiled_step_takes_every_layout(layout):
     """Inductor holds each output of the backward's operator to the strides its fake declares."""
@@ -551,9 +560,9 @@ def test_a_compiled_step_takes_every_layout(layout):
         if layout != "strided classes":
             x = x.contiguous(memory_format=torch.channels_last)
         t = probabilities((2, 5, 3, 4), torch.float32) if layout.startswith("prob") else class_targets(x.shape, 5)
-    compiled = torch.compile(lambda x, t: model_new.cross_entropy(x, t, label_smoothing=0.1), fullgraph=True)
+    compiled = torch.compile(lambda x, t: crossent.cross_entropy(x, t, label_smoothing=0.1), fullgraph=True)
     grads = []
-    for fn in (compiled, model_new.cross_entropy):
+    for fn in (compiled, crossent.cross_entropy):
         xr, tr = x.detach().requires_grad_(), t.detach().requires_grad_() if t.is_floating_point() else t
         (fn(xr, tr) if fn is compiled else fn(xr, tr, label_smoothing=0.1)).backward()
         grads.append((xr.grad, tr.grad if t.is_floating_point() else None))
@@ -564,10 +573,10 @@ def test_a_compiled_step_takes_every_layout(layout):
     assert gt is None or torch.equal(gt, wt)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_a_training_step_replays_in_a_cuda_graph():
     x, t = logits(256, 1000, torch.float32).requires_grad_(), class_targets((256, 1000), 1000)
-    model = model_new.ModelNew(weight=torch.rand(1000, device="cuda"), label_smoothing=0.1)
+    model = crossent.ModelNew(weight=torch.rand(1000, device="cuda"), label_smoothing=0.1)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up off the default stream, as capture needs
@@ -591,14 +600,14 @@ def test_a_training_step_replays_in_a_cuda_graph():
         assert torch.equal(loss, want) and torch.equal(x.grad, xr.grad)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("inplace", [False, True], ids=["", "inplace"])
 def test_a_training_run_follows_eagers_loss_curve(inplace):
     """50 AdamW steps of an embedding and a linear layer under this loss and under PyTorch's, in
     float32, from the same weights: the losses agree within 1e-4, relative, at every step."""
     vocab, dim, rows = 1000, 64, 512
     curves = []
-    ours = lambda x, t, **options: model_new.cross_entropy(x, t, **options, inplace=inplace)  # noqa: E731
+    ours = lambda x, t, **options: crossent.cross_entropy(x, t, **options, inplace=inplace)  # noqa: E731
     for loss_fn in (ours, torch.nn.functional.cross_entropy):
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Embedding(vocab, dim), torch.nn.Linear(dim, vocab)).cuda()

@@ -3,9 +3,9 @@ Its launch shape on the CPU, its cases on the GPU."""
 import pytest
 import torch
 
-import model_new
+from crossent import constants
+
 from cases import DTYPES, logits, targets
-from conftest import requires_cuda
 from gpu_checks import assert_matches, plan_for, special_rows, spiked
 
 
@@ -14,17 +14,17 @@ from gpu_checks import assert_matches, plan_for, special_rows, spiked
 def test_a_lone_row_of_up_to_128_kb_has_its_own_kernel(elem_bytes):
     from plans import plan
     per_vec = 16 // elem_bytes
-    limit = model_new._ONE_ROW_THREADS * model_new._BATCH * per_vec  # 128 KB of whole vectors
+    limit = constants.ONE_ROW_THREADS * constants.BATCH * per_vec  # 128 KB of whole vectors
     assert limit * elem_bytes == 128 << 10
-    for cols, threads in [(1, 32), (3, 32), (4096, 4096 // per_vec // model_new._BATCH),
-                          (4099, 4096 // per_vec // model_new._BATCH),
-                          (limit // 2 + per_vec, model_new._ONE_ROW_THREADS), (limit, model_new._ONE_ROW_THREADS)]:
+    for cols, threads in [(1, 32), (3, 32), (4096, 4096 // per_vec // constants.BATCH),
+                          (4099, 4096 // per_vec // constants.BATCH),
+                          (limit // 2 + per_vec, constants.ONE_ROW_THREADS), (limit, constants.ONE_ROW_THREADS)]:
         for offset in (0, elem_bytes):  # wherever it starts: its elements outside whole vectors are one per thread
             p = plan(1, cols, elem_bytes, offset=offset)
-            assert p.family == model_new._ONE_ROW and p.group == threads and p.grid == p.chunks == 1, (cols, p)
-            assert p.group * model_new._BATCH >= cols // per_vec  # a batch a thread holds the row
-    assert plan(1, limit + per_vec, elem_bytes).family == model_new._ROWS  # longer: split
-    assert plan(2, 4096, elem_bytes).family != model_new._ONE_ROW  # two rows: the mean of two losses
+            assert p.family == constants.ONE_ROW and p.group == threads and p.grid == p.chunks == 1, (cols, p)
+            assert p.group * constants.BATCH >= cols // per_vec  # a batch a thread holds the row
+    assert plan(1, limit + per_vec, elem_bytes).family == constants.ROWS  # longer: split
+    assert plan(2, 4096, elem_bytes).family != constants.ONE_ROW  # two rows: the mean of two losses
 
 
 # ------------------------------------------------------------------ the cases (GPU)
@@ -35,7 +35,7 @@ def one_row_columns(cols, per_vec):
     return sorted(ends | {round(k * (cols - 1) / 32) for k in range(33)})
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("cols", [1, 3, 9, 100, 4096, 4103, 32003, "limit", "past the limit"])
 def test_one_row(model, dtype, cols):
@@ -43,12 +43,12 @@ def test_one_row(model, dtype, cols):
     (spiked: the loss is about 0 only where it is read from the right column), int32 targets, the
     unbatched form, and targets that give NaN. Past the limit the row is split (rows in registers)."""
     per_vec = 16 // torch.empty((), dtype=dtype).element_size()
-    limit = model_new._ONE_ROW_THREADS * model_new._BATCH * per_vec
+    limit = constants.ONE_ROW_THREADS * constants.BATCH * per_vec
     cols = {"limit": limit, "past the limit": limit + per_vec}.get(cols, cols)
     flat = logits(1, cols + per_vec, dtype)[0]
     for offset in range(per_vec) if cols < 10000 else (0, 1, per_vec - 1):
         x = flat[offset:offset + cols].view(1, cols)
-        assert (plan_for(x).family == model_new._ONE_ROW) == (cols <= limit)
+        assert (plan_for(x).family == constants.ONE_ROW) == (cols <= limit)
         for col in one_row_columns(cols, per_vec):
             t = torch.tensor([col], device="cuda")
             spiked(x, t)
@@ -61,7 +61,7 @@ def test_one_row(model, dtype, cols):
             assert torch.isnan(model(x, torch.tensor([bad], device="cuda")))
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("row", range(6))
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("cols", [64, 5000])

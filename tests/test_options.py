@@ -8,10 +8,11 @@ import math
 import pytest
 import torch
 
-import model_new
+import crossent
+from crossent import build, inputs, params
+
 from cases import DTYPES, PATHS, logits, targets, views
 from cases import expected_loss as expected
-from conftest import requires_cuda
 from gpu_checks import RTOL
 
 # Every family: PATHS (tiles in three sweeps, rows in registers, row batches, one row), rows split
@@ -24,64 +25,64 @@ IGNORE_INDICES = [-100, 3, -1, 2**40]
 def test_the_signatures_are_pytorchs():
     """PyTorch's parameters in PyTorch's order (less the deprecated size_average and reduce), then
     ours, by keyword only."""
-    params = inspect.signature(model_new.cross_entropy).parameters
+    params = inspect.signature(crossent.cross_entropy).parameters
     assert list(params) == ["input", "target", "weight", "ignore_index", "reduction", "label_smoothing", "z_loss",
                             "softcap", "return_lse", "inplace"]
     assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("z_loss", "softcap", "return_lse", "inplace"))
-    defaults = {k: v.default for k, v in inspect.signature(model_new.ModelNew).parameters.items()}
+    defaults = {k: v.default for k, v in inspect.signature(crossent.ModelNew).parameters.items()}
     assert defaults == {"weight": None, "ignore_index": -100, "reduction": "mean", "label_smoothing": 0.0,
                         "z_loss": 0.0, "softcap": None, "inplace": False, "check_targets": None}
 
 
 def test_the_defaults_are_kernelbenchs_problem_and_anything_else_an_option():
-    assert model_new.ModelNew()._options is model_new._DEFAULTS
-    assert model_new._options() is model_new._DEFAULTS and model_new._options(ignore_index=-100) is model_new._DEFAULTS
+    assert crossent.ModelNew()._options is inputs.DEFAULTS
+    assert inputs.check_options() is inputs.DEFAULTS and inputs.check_options(ignore_index=-100) is inputs.DEFAULTS
     for kwargs in [{"ignore_index": 0}, {"reduction": "sum"}, {"z_loss": 1e-4}, {"return_lse": True},
                    {"weight": torch.ones(3)}, {"label_smoothing": 0.1}, {"softcap": 30.0}]:
-        assert model_new._options(**kwargs) is not model_new._DEFAULTS, kwargs
+        assert inputs.check_options(**kwargs) is not inputs.DEFAULTS, kwargs
 
 
 def test_modelnew_keeps_the_weight_as_a_buffer():
     """As PyTorch's loss module: moved and saved with the module; the other options are fixed."""
     w = torch.rand(5)
-    model = model_new.ModelNew(w, 3, "sum", z_loss=0.5, softcap=30)
+    model = crossent.ModelNew(w, 3, "sum", z_loss=0.5, softcap=30)
     assert model.weight is w and "weight" in dict(model.named_buffers()) and "weight" in model.state_dict()
     assert (model.ignore_index, model.reduction, model.z_loss, model.softcap) == (3, "sum", 0.5, 30.0)
-    assert model_new.ModelNew().softcap is None
+    assert crossent.ModelNew().softcap is None
     assert model.to(torch.float64).weight.dtype == torch.float64
     with pytest.raises(AttributeError):
         model.reduction = "none"
-    assert model_new.ModelNew().weight is None and "weight" not in model_new.ModelNew().state_dict()
+    assert crossent.ModelNew().weight is None and "weight" not in crossent.ModelNew().state_dict()
 
 
 def test_options_pytorch_rejects_raise_before_any_launch():
     with pytest.raises(ValueError, match="elementwise_mean is not a valid value for reduction"):
-        model_new.ModelNew(reduction="elementwise_mean")
+        crossent.ModelNew(reduction="elementwise_mean")
     with pytest.raises(TypeError, match="ignore_index must be an integer"):
-        model_new.ModelNew(ignore_index=1.5)
+        crossent.ModelNew(ignore_index=1.5)
     with pytest.raises(TypeError, match="ignore_index must be an integer"):
-        model_new.ModelNew(ignore_index=True)
+        crossent.ModelNew(ignore_index=True)
     class Index:  # an integer type other than int, as NumPy's int64
         def __index__(self):
             return 7
-    assert model_new.ModelNew(ignore_index=Index()).ignore_index == 7
+    assert crossent.ModelNew(ignore_index=Index()).ignore_index == 7
     with pytest.raises(TypeError, match="ignore_index must be an int64 integer"):
-        model_new.ModelNew(ignore_index=2**63)
+        crossent.ModelNew(ignore_index=2**63)
     with pytest.raises(ValueError, match="not a valid value for reduction"):
-        model_new.cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), reduction="avg")
+        crossent.cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), reduction="avg")
     with pytest.raises(TypeError, match="weight must be a tensor or None; got list"):
-        model_new.ModelNew(weight=[1.0, 2.0])
+        crossent.ModelNew(weight=[1.0, 2.0])
     for z in [math.inf, math.nan, "0.1", True]:
         with pytest.raises(ValueError, match="z_loss must be a finite number"):
-            model_new.cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), z_loss=z)
+            crossent.cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), z_loss=z)
     for cap in [0, -1.0, math.inf, math.nan, "30", True, 1e-39, 1e39]:  # float32 normal numbers above 0
         with pytest.raises(ValueError, match="softcap must be None or a positive number"):
-            model_new.ModelNew(softcap=cap)
+            crossent.ModelNew(softcap=cap)
     for eps in [-0.1, 1.5, math.nan, "0.1"]:
         with pytest.raises(ValueError, match="label_smoothing must be between 0.0 and 1.0"):
-            model_new.ModelNew(label_smoothing=eps)
-    assert model_new.ModelNew(label_smoothing=1).label_smoothing == 1.0
-    assert model_new.ModelNew(torch.ones(3), label_smoothing=0.1).label_smoothing == 0.1
+            crossent.ModelNew(label_smoothing=eps)
+    assert crossent.ModelNew(label_smoothing=1).label_smoothing == 1.0
+    assert crossent.ModelNew(torch.ones(3), label_smoothing=0.1).label_smoothing == 0.1
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
@@ -113,13 +114,13 @@ def test_the_float64_reference_is_pytorchs(reduction, ignore_index):
 
 def test_the_options_build_keeps_the_default_builds_fields_in_place():
     """Its fields come last, and only its source reads them (kOptions)."""
-    names = [name for name, *_ in model_new._PARAMS]
+    names = [name for name, *_ in params.PARAMS]
     assert names[-22:] == ["ignore_index", "reduction", "losses", "weight", "weight_exact", "row_state",
                            "z_loss", "label_smoothing", "smoothing_per_class", "probs", "probs_stride", "class_stride",
                            "probs_dtype", "softcap", "softcap_rate", "grad", "grad_row_stride", "grad_out",
                            "grad_lse", "weight_total", "grad_probs", "grad_in"]
-    assert "constexpr bool kOptions = false;" in model_new._cuda_source()
-    assert "constexpr bool kOptions = true;" in model_new._cuda_source(options=True)
+    assert "constexpr bool kOptions = false;" in build.cuda_source()
+    assert "constexpr bool kOptions = true;" in build.cuda_source(options=True)
 
 
 # ------------------------------------------------------------------ on the GPU
@@ -132,46 +133,46 @@ def assert_close(got, want, dtype):
     torch.testing.assert_close(got[keep], want[keep], rtol=RTOL[dtype], atol=1e-6)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 @pytest.mark.parametrize("ignore_index", IGNORE_INDICES)
 def test_every_family_takes_the_options(dtype, reduction, ignore_index):
-    model = model_new.ModelNew(ignore_index=ignore_index, reduction=reduction)
+    model = crossent.ModelNew(ignore_index=ignore_index, reduction=reduction)
     for rows, cols in SHAPES:
         x, t = logits(rows, cols, dtype), targets(rows, cols)
         if rows:
             t[::4] = ignore_index  # a quarter of the rows skipped
         assert_close(model(x, t), expected(x, t, ignore_index, reduction), dtype)
-        assert_close(model_new.cross_entropy(x, t, ignore_index=ignore_index, reduction=reduction),
+        assert_close(crossent.cross_entropy(x, t, ignore_index=ignore_index, reduction=reduction),
                      expected(x, t, ignore_index, reduction),
                      dtype)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 def test_views_unbatched_input_and_int32_targets(reduction):
     for dtype in DTYPES.values():
         for name, x in views(64, 1003, dtype):
             t = targets(x.shape[0], x.shape[1], torch.int32)
             t[5] = 7
-            assert_close(model_new.cross_entropy(x, t, ignore_index=7, reduction=reduction), expected(x, t, 7, reduction), dtype)
+            assert_close(crossent.cross_entropy(x, t, ignore_index=7, reduction=reduction), expected(x, t, 7, reduction), dtype)
         x, t = logits(1, 4096, dtype)[0], targets(1, 4096)[0]
-        assert_close(model_new.cross_entropy(x, t, reduction=reduction), expected(x, t, -100, reduction), dtype)
+        assert_close(crossent.cross_entropy(x, t, reduction=reduction), expected(x, t, -100, reduction), dtype)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_every_row_ignored():
     """Nothing counted: the mean is 0 / 0 = NaN, the sum 0, and every row's loss 0, as in PyTorch."""
     for rows, cols in SHAPES:
         x, t = logits(rows, cols, torch.float32), targets(rows, cols)
         t[:] = 5
-        assert torch.isnan(model_new.cross_entropy(x, t, ignore_index=5))
-        assert model_new.cross_entropy(x, t, ignore_index=5, reduction="sum").item() == 0
-        assert torch.equal(model_new.cross_entropy(x, t, ignore_index=5, reduction="none"), torch.zeros(x.shape[0], device="cuda"))
+        assert torch.isnan(crossent.cross_entropy(x, t, ignore_index=5))
+        assert crossent.cross_entropy(x, t, ignore_index=5, reduction="sum").item() == 0
+        assert torch.equal(crossent.cross_entropy(x, t, ignore_index=5, reduction="none"), torch.zeros(x.shape[0], device="cuda"))
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("ignore_index", [-100, -1, 2**40, -100 - 2**32])
 def test_int32_targets_compare_with_the_ignore_index_in_64_bits(ignore_index):
     """An int32 target is ignored only where it equals ignore_index as an integer: one that int32
@@ -180,9 +181,9 @@ def test_int32_targets_compare_with_the_ignore_index_in_64_bits(ignore_index):
     if -2**31 <= ignore_index < 2**31:
         t[::4] = ignore_index
     want = expected(x, t.long(), ignore_index, "none")
-    assert_close(model_new.cross_entropy(x, t, ignore_index=ignore_index, reduction="none"), want, torch.float32)
+    assert_close(crossent.cross_entropy(x, t, ignore_index=ignore_index, reduction="none"), want, torch.float32)
     t[1] = -100  # ignored only where ignore_index is -100
-    model = model_new.ModelNew(ignore_index=ignore_index, reduction="sum", check_targets=True)
+    model = crossent.ModelNew(ignore_index=ignore_index, reduction="sum", check_targets=True)
     if ignore_index == -100:
         assert_close(model(x, t), expected(x, t.long(), ignore_index, "sum"), torch.float32)
     else:
@@ -190,27 +191,27 @@ def test_int32_targets_compare_with_the_ignore_index_in_64_bits(ignore_index):
             model(x, t)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_bad_targets_give_nan_in_their_row():
     x, t = logits(1000, 77, torch.float32), targets(1000, 77)
     t[10], t[20] = 77, -5
-    losses = model_new.cross_entropy(x, t, ignore_index=3, reduction="none")
+    losses = crossent.cross_entropy(x, t, ignore_index=3, reduction="none")
     assert torch.isnan(losses[10]) and torch.isnan(losses[20]) and torch.isfinite(losses).sum() == 998
-    assert torch.isnan(model_new.cross_entropy(x, t, ignore_index=3, reduction="sum"))
+    assert torch.isnan(crossent.cross_entropy(x, t, ignore_index=3, reduction="sum"))
     with pytest.raises(ValueError, match=r"targets\[10\] = 77 is outside \[0, 77\) and is not the ignore index 3"):
-        model_new.ModelNew(ignore_index=3, reduction="sum", check_targets=True)(x, t)
+        crossent.ModelNew(ignore_index=3, reduction="sum", check_targets=True)(x, t)
 
 
-@requires_cuda
-def test_sum_is_deterministic_and_the_defaults_never_touch_the_options_build(monkeypatch):
+@pytest.mark.gpu
+def test_sum_is_deterministic_and_the_defaults_never_touch_the_options_build(policy):
     x, t = logits(4096, 32000, torch.bfloat16), targets(4096, 32000)
-    first = model_new.cross_entropy(x, t, reduction="sum")
-    assert all(torch.equal(first, model_new.cross_entropy(x, t, reduction="sum")) for _ in range(5))
+    first = crossent.cross_entropy(x, t, reduction="sum")
+    assert all(torch.equal(first, crossent.cross_entropy(x, t, reduction="sum")) for _ in range(5))
     # reduction mean with ignore_index -100 is KernelBench's problem: the default build alone
-    monkeypatch.setattr(model_new, "_options_extension", lambda: pytest.fail("the defaults took the options build"))
+    policy("options_extension", lambda: pytest.fail("the defaults took the options build"))
     for dtype in DTYPES.values():
         y = x.to(dtype)
-        assert torch.isfinite(model_new.cross_entropy(y, t)) and torch.isfinite(model_new.ModelNew()(y, t))
+        assert torch.isfinite(crossent.cross_entropy(y, t)) and torch.isfinite(crossent.ModelNew()(y, t))
 
 
 def class_weights(cols, dtype):
@@ -220,7 +221,7 @@ def class_weights(cols, dtype):
     return w.to(dtype)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 @pytest.mark.parametrize("ignore_index", [-100, 3])
@@ -230,11 +231,11 @@ def test_every_family_takes_class_weights(dtype, reduction, ignore_index):
         if rows:
             t[::4] = ignore_index
         want = expected(x, t, ignore_index, reduction, w)
-        assert_close(model_new.ModelNew(w, ignore_index, reduction)(x, t), want, dtype)
-        assert_close(model_new.cross_entropy(x, t, w, ignore_index, reduction), want, dtype)
+        assert_close(crossent.ModelNew(w, ignore_index, reduction)(x, t), want, dtype)
+        assert_close(crossent.cross_entropy(x, t, w, ignore_index, reduction), want, dtype)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 def test_z_loss_and_every_rows_log_sum_exp(dtype, reduction):
@@ -246,65 +247,65 @@ def test_z_loss_and_every_rows_log_sum_exp(dtype, reduction):
             if reduction == "none":
                 t[1::9] = cols  # bad: NaN in its row (and in the sum and the mean, so only here)
         for weight in [None, class_weights(cols, dtype)]:
-            loss, lse = model_new.cross_entropy(x, t, weight, reduction=reduction, z_loss=1e-3, return_lse=True)
+            loss, lse = crossent.cross_entropy(x, t, weight, reduction=reduction, z_loss=1e-3, return_lse=True)
             assert_close(loss, expected(x, t, -100, reduction, weight, 1e-3), dtype)
             assert lse.dtype == torch.float32 and lse.shape == (rows,)
             torch.testing.assert_close(lse.double(), torch.logsumexp(x.double(), 1), rtol=1e-6, atol=1e-6)
-        assert_close(model_new.ModelNew(reduction=reduction, z_loss=0.5)(x, t), expected(x, t, -100, reduction,
+        assert_close(crossent.ModelNew(reduction=reduction, z_loss=0.5)(x, t), expected(x, t, -100, reduction,
                                                                                          z_loss=0.5), dtype)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_unbatched_input_and_views_with_every_option():
     for dtype in DTYPES.values():
         x, t, w = logits(1, 4096, dtype)[0], targets(1, 4096)[0], class_weights(4096, dtype)
         for reduction in ["none", "sum", "mean"]:
-            loss, lse = model_new.cross_entropy(x, t, w, reduction=reduction, z_loss=0.1, return_lse=True)
+            loss, lse = crossent.cross_entropy(x, t, w, reduction=reduction, z_loss=0.1, return_lse=True)
             assert_close(loss, expected(x, t, -100, reduction, w, 0.1), dtype)
             assert lse.shape == () and abs(lse.item() - torch.logsumexp(x.double(), 0).item()) < 1e-5
         for name, v in views(64, 1003, dtype):
             t, w = targets(64, 1003, torch.int32), class_weights(1003, dtype)
-            assert_close(model_new.cross_entropy(v, t, w, z_loss=0.1), expected(v, t, -100, "mean", w, 0.1), dtype)
+            assert_close(crossent.cross_entropy(v, t, w, z_loss=0.1), expected(v, t, -100, "mean", w, 0.1), dtype)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_weighted_mean_edge_cases():
     """A lone row whose class weighs 0 and a batch whose counted rows all do: 0 / 0 = NaN, as in
     PyTorch; every row ignored: NaN mean, 0 sum."""
     for rows, cols in [(1, 4096), (1000, 10), (64, 5000), (16, 256000)]:
         x, t, w = logits(rows, cols, torch.float32), targets(rows, cols), class_weights(cols, torch.float32)
         t[:] = 7  # weight 0
-        assert torch.isnan(model_new.cross_entropy(x, t, w))
-        assert model_new.cross_entropy(x, t, w, reduction="sum").item() == 0
+        assert torch.isnan(crossent.cross_entropy(x, t, w))
+        assert crossent.cross_entropy(x, t, w, reduction="sum").item() == 0
         t[:] = -100
-        assert torch.isnan(model_new.cross_entropy(x, t, w)) and model_new.cross_entropy(x, t, w, reduction="sum") == 0
+        assert torch.isnan(crossent.cross_entropy(x, t, w)) and crossent.cross_entropy(x, t, w, reduction="sum") == 0
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_weighted_mean_is_deterministic():
     """The weights' sum is exact, as the losses' is: the same bits every run (test_exact_sum varies the
     schedule)."""
     for rows, cols in [(4096, 32000), (16, 256000), (1000000, 10), (4000, 4096)]:
         x, t, w = logits(rows, cols, torch.bfloat16), targets(rows, cols), class_weights(cols, torch.bfloat16)
-        first = model_new.cross_entropy(x.float(), t, w.float(), z_loss=1e-4)
-        assert all(torch.equal(first, model_new.cross_entropy(x.float(), t, w.float(), z_loss=1e-4)) for _ in range(5))
+        first = crossent.cross_entropy(x.float(), t, w.float(), z_loss=1e-4)
+        assert all(torch.equal(first, crossent.cross_entropy(x.float(), t, w.float(), z_loss=1e-4)) for _ in range(5))
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_weights_pytorch_rejects_raise_and_the_gpu_carries_on():
     x, t = logits(8, 5, torch.bfloat16), targets(8, 5)
     with pytest.raises(TypeError, match="expected scalar type torch.bfloat16 but found torch.float32"):
-        model_new.cross_entropy(x, t, torch.ones(5, device="cuda"))
+        crossent.cross_entropy(x, t, torch.ones(5, device="cuda"))
     with pytest.raises(ValueError, match=r"weight tensor should be defined either for all 5 classes or no classes "
                                          r"but got weight tensor of shape: \[5, 1\]"):
-        model_new.cross_entropy(x, t, torch.ones(5, 1, device="cuda", dtype=torch.bfloat16))
+        crossent.cross_entropy(x, t, torch.ones(5, 1, device="cuda", dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="weight is on cpu"):
-        model_new.cross_entropy(x, t, torch.ones(5, dtype=torch.bfloat16))
+        crossent.cross_entropy(x, t, torch.ones(5, dtype=torch.bfloat16))
     w = torch.ones(10, device="cuda", dtype=torch.bfloat16)[::2]  # a view with a stride: copied
-    assert_close(model_new.cross_entropy(x, t, w), expected(x, t, weight=w), torch.bfloat16)
+    assert_close(crossent.cross_entropy(x, t, w), expected(x, t, weight=w), torch.bfloat16)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 @pytest.mark.parametrize("eps", [0.1, 1.0])
@@ -316,14 +317,14 @@ def test_every_shape_takes_label_smoothing(dtype, reduction, eps):
         if rows:
             t[::4] = -100
         want = expected(x, t, -100, reduction, label_smoothing=eps)
-        assert_close(model_new.ModelNew(reduction=reduction, label_smoothing=eps)(x, t), want, dtype)
+        assert_close(crossent.ModelNew(reduction=reduction, label_smoothing=eps)(x, t), want, dtype)
         t = t.masked_fill(t == -100, 3)  # the same rows ignored, by another index
-        loss, lse = model_new.cross_entropy(x, t, None, 3, reduction, eps, z_loss=1e-3, return_lse=True)
+        loss, lse = crossent.cross_entropy(x, t, None, 3, reduction, eps, z_loss=1e-3, return_lse=True)
         assert_close(loss, expected(x, t, 3, reduction, z_loss=1e-3, label_smoothing=eps), dtype)
         torch.testing.assert_close(lse.double(), torch.logsumexp(x.double(), 1), rtol=1e-6, atol=1e-6)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_label_smoothing_views_unbatched_and_special_values():
     """Rows off the 16-byte grid and unbatched input; a -inf logit makes its row's loss +inf (the
     smoothing term sums -log_softmax over every class), a row of -inf is NaN; logits that share a
@@ -331,41 +332,41 @@ def test_label_smoothing_views_unbatched_and_special_values():
     for dtype in DTYPES.values():
         for name, v in views(64, 1003, dtype):
             t = targets(64, 1003, torch.int32)
-            assert_close(model_new.cross_entropy(v, t, label_smoothing=0.2),
+            assert_close(crossent.cross_entropy(v, t, label_smoothing=0.2),
                          expected(v, t, label_smoothing=0.2), dtype)
         x, t = logits(1, 4096, dtype)[0], targets(1, 4096)[0]
-        assert_close(model_new.cross_entropy(x, t, label_smoothing=0.2), expected(x, t, label_smoothing=0.2), dtype)
+        assert_close(crossent.cross_entropy(x, t, label_smoothing=0.2), expected(x, t, label_smoothing=0.2), dtype)
     for rows, cols in [(1000, 77), (64, 5000), (3, 100003)]:
         x, t = logits(rows, cols, torch.float32), targets(rows, cols)
         x[0, 5] = -math.inf
         x[1] = -math.inf
-        got = model_new.cross_entropy(x, t, reduction="none", label_smoothing=0.1)
+        got = crossent.cross_entropy(x, t, reduction="none", label_smoothing=0.1)
         assert got[0] == math.inf and torch.isnan(got[1]) and torch.isfinite(got[2:]).all()
         assert_close(got[2:], expected(x[2:], t[2:], reduction="none", label_smoothing=0.1), torch.float32)
         y = logits(rows, cols, torch.float32, scale=1.0) + 3000.0
-        assert_close(model_new.cross_entropy(y, t, reduction="none", label_smoothing=0.3),
+        assert_close(crossent.cross_entropy(y, t, reduction="none", label_smoothing=0.3),
                      expected(y, t, reduction="none", label_smoothing=0.3), torch.float32)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_label_smoothing_is_deterministic():
     for rows, cols in [(4096, 32000), (1000000, 10), (4000, 4096)]:
         x, t = logits(rows, cols, torch.bfloat16), targets(rows, cols)
-        first = model_new.cross_entropy(x, t, label_smoothing=0.1)
-        assert all(torch.equal(first, model_new.cross_entropy(x, t, label_smoothing=0.1)) for _ in range(5))
+        first = crossent.cross_entropy(x, t, label_smoothing=0.1)
+        assert all(torch.equal(first, crossent.cross_entropy(x, t, label_smoothing=0.1)) for _ in range(5))
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_class_weights_with_rows_that_overlap_in_memory(dtype):
     """An expanded tensor (row stride 0) of rows longer than the tiles' class-weight table."""
     for cols in [1000, 3000, 4000]:
         x, t, w = logits(1, cols, dtype).expand(2000, cols), targets(2000, cols), class_weights(cols, dtype)
-        assert_close(model_new.cross_entropy(x, t, w, reduction="none"), expected(x, t, reduction="none", weight=w),
+        assert_close(crossent.cross_entropy(x, t, w, reduction="none"), expected(x, t, reduction="none", weight=w),
                      dtype)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_the_last_16_bit_class_weight_at_the_start_of_a_word():
     """Rows in registers copy the 4-byte word holding a row's weight; the last of an odd number of
     16-bit weights starts one, which would reach past the tensor, and is loaded alone."""
@@ -373,5 +374,5 @@ def test_the_last_16_bit_class_weight_at_the_start_of_a_word():
     t = torch.full((64,), 5000, device="cuda")
     w[5000] = 0.75
     assert w.data_ptr() % 4 == 0 and (w.data_ptr() + 2 * 5000) % 4 == 0
-    assert_close(model_new.cross_entropy(x, t, w, reduction="none"), expected(x, t, reduction="none", weight=w),
+    assert_close(crossent.cross_entropy(x, t, w, reduction="none"), expected(x, t, reduction="none", weight=w),
                  torch.bfloat16)

@@ -3,9 +3,10 @@ exactly. Its launch shape on the CPU, its cases on the GPU."""
 import pytest
 import torch
 
-import model_new
+from crossent import constants
+from crossent import policy as launch_policy
+
 from cases import DTYPES, logits
-from conftest import requires_cuda
 from gpu_checks import assert_matches, launched_kernel, spiked, spread_columns
 from plans import SHAPES, gpu, plan
 
@@ -15,19 +16,19 @@ from plans import SHAPES, gpu, plan
 @pytest.mark.parametrize("sms", [132, 108, 1, 1000])
 def test_whole_rows_fill_a_batch_and_every_cta_gets_several(elem_bytes, sms):
     shapes = SHAPES + [(65536, 4096), (32768, 2048 * 4 // elem_bytes)]
-    batched = [(cols, p) for rows, cols in shapes if (p := plan(rows, cols, elem_bytes, on=gpu(sms))).family == model_new._ROW_BATCHES]
+    batched = [(cols, p) for rows, cols in shapes if (p := plan(rows, cols, elem_bytes, on=gpu(sms))).family == constants.ROW_BATCHES]
     assert len(batched) >= 2
     for cols, p in batched:
-        assert p.splits == 1 and p.batch_rows in (1, 2) and p.group == model_new._THREADS
-        assert p.batch_rows * cols * elem_bytes == model_new._ROW_BATCH_VECS * 16
-        assert p.chunks >= model_new._ROW_BATCH_MIN_CHUNKS * p.grid
+        assert p.splits == 1 and p.batch_rows in (1, 2) and p.group == constants.THREADS
+        assert p.batch_rows * cols * elem_bytes == launch_policy._ROW_BATCH_VECS * 16
+        assert p.chunks >= launch_policy._ROW_BATCH_MIN_CHUNKS * p.grid
 
 
 def test_headline_shape_fills_the_gpu_with_whole_rows():
     for elem_bytes, batch_rows in [(4, 1), (2, 2)]:  # a 16 KB batch: one fp32 row, two 16-bit rows
         for evict_first in (False, True):
             p = plan(32768, 4096, elem_bytes, evict_first)
-            assert p.family == model_new._ROW_BATCHES and p.grid == 132 * model_new._CTAS_PER_SM
+            assert p.family == constants.ROW_BATCHES and p.grid == 132 * constants.CTAS_PER_SM
             assert p.batch_rows == batch_rows and p.chunks == 32768 // batch_rows
 
 
@@ -42,13 +43,13 @@ def test_headline_shape_fills_the_gpu_with_whole_rows():
     (1000, 4096, 4096, 4, 0, 0),   # fewer than 4 batches per CTA
 ])
 def test_row_batches_where_rows_fill_a_batch(rows, cols, stride, elem_bytes, offset, batch_rows):
-    assert model_new._batch_rows(rows, cols, stride, elem_bytes, gpu(), offset) == batch_rows
+    assert launch_policy._batch_rows(rows, cols, stride, elem_bytes, gpu(), offset) == batch_rows
     p = plan(rows, cols, elem_bytes, stride=stride, offset=offset)
-    assert (p.family == model_new._ROW_BATCHES) == bool(batch_rows) and p.batch_rows == batch_rows
+    assert (p.family == constants.ROW_BATCHES) == bool(batch_rows) and p.batch_rows == batch_rows
 
 
 # ------------------------------------------------------------------ the cases (GPU)
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_row_batches(model, policy, dtype, evict_first):

@@ -4,9 +4,10 @@ the 256-byte lead, the short last batch, and rows split into segments."""
 import pytest
 import torch
 
-import model_new
+from crossent import build, constants
+from crossent import policy as launch_policy
+
 from cases import DTYPES, logits, targets, views
-from conftest import requires_cuda
 from gpu_checks import assert_matches, launched_kernel, plan_for, spiked, spread_columns
 from plans import H100, H200, SHAPES, gpu, plan
 
@@ -18,14 +19,14 @@ from plans import H100, H200, SHAPES, gpu, plan
 def test_segments_tile_each_row(elem_bytes, sms, evict_first):
     per_vec = 16 // elem_bytes
     plans = [(rows, cols, plan(rows, cols, elem_bytes, evict_first, on=gpu(sms))) for rows, cols in SHAPES]
-    plans = [(rows, cols, p) for rows, cols, p in plans if p.family == model_new._ROWS]
+    plans = [(rows, cols, p) for rows, cols, p in plans if p.family == constants.ROWS]
     assert any(p.splits > 1 for *_, p in plans) and any(p.splits == 1 for *_, p in plans)
     for rows, cols, p in plans:
-        assert p.seg_len % per_vec == 0 and p.seg_len <= model_new._MAX_SEG
+        assert p.seg_len % per_vec == 0 and p.seg_len <= constants.MAX_SEG
         # none empty, none missing; the last CTA can stage a row's partials at once
         assert (p.splits - 1) * p.seg_len < cols <= p.splits * p.seg_len, (rows, cols, p)
-        assert p.splits <= model_new._SEG_SLAB
-        assert p.splits == 1 or p.group == model_new._THREADS  # segments are long: a CTA each
+        assert p.splits <= constants.SEG_SLAB
+        assert p.splits == 1 or p.group == constants.THREADS  # segments are long: a CTA each
         assert rows * p.splits // p.grid < 2**31  # items per CTA fit a 32-bit count
 
 
@@ -34,9 +35,9 @@ def test_evict_first_rows_take_one_batch_per_thread(cols, elem_bytes):
     # Off the 16-byte grid, so that rows that fill a batch exactly stream through registers too.
     plain, evict_first = (plan(32768, cols, elem_bytes, ef, offset=elem_bytes) for ef in (False, True))
     vecs = -(-cols * elem_bytes // 16)
-    assert plain.group * model_new._VECS_PER_THREAD >= vecs > plain.group * model_new._VECS_PER_THREAD // 2
+    assert plain.group * launch_policy._VECS_PER_THREAD >= vecs > plain.group * launch_policy._VECS_PER_THREAD // 2
     assert evict_first.group == 2 * plain.group  # each thread one batch of the row
-    assert evict_first.group * model_new._BATCH >= vecs > evict_first.group * model_new._BATCH // 2
+    assert evict_first.group * constants.BATCH >= vecs > evict_first.group * constants.BATCH // 2
     # rows longer than a CTA's batch: a whole CTA per row either way
     assert plan(4096, 32000, 2, True).group == plan(4096, 32000, 2, False).group == 256
 
@@ -51,13 +52,14 @@ def test_evict_first_rows_take_one_batch_per_thread(cols, elem_bytes):
 ])
 def test_rows_that_leave_slots_empty_get_half_the_group(cols, elem_bytes, evict_first, group):
     p = plan(32768, cols, elem_bytes, evict_first)
-    assert p.family == model_new._ROWS and p.splits == 1 and p.group == group, p
+    assert p.family == constants.ROWS and p.splits == 1 and p.group == group, p
     vecs = -(-cols * elem_bytes // 16)
-    per_thread = model_new._BATCH if evict_first else model_new._VECS_PER_THREAD
-    whole = min(model_new._THREADS, model_new._pow2_at_least(-(-vecs // per_thread)))
+    per_thread = constants.BATCH if evict_first else launch_policy._VECS_PER_THREAD
+    whole = min(constants.THREADS, launch_policy._pow2_at_least(-(-vecs // per_thread)))
     assert p.group in (whole, whole // 2)
     if p.group < whole:  # halved: every thread's first batch is full
-        assert vecs >= p.group * model_new._BATCH and vecs < model_new._MIN_SLOT_FILL[per_thread] * per_thread * whole
+        fill = launch_policy._MIN_SLOT_FILL[per_thread]
+        assert vecs >= p.group * constants.BATCH and vecs < fill * per_thread * whole
 
 
 def test_fast_memory_keeps_two_batches_per_item_with_evict_first_loads():
@@ -70,7 +72,7 @@ def test_few_rows_get_more_threads_while_each_cta_has_an_sm():
     assert p.group == 256 and p.grid == 64
     for rows in (300, 1000, 2000, 32768):  # bigger groups would put more CTAs than SMs
         p = plan(rows, 4096, 2, False, offset=2)  # off the 16-byte grid: rows in registers
-        assert p.group == 256 or -(-rows // (model_new._THREADS // (2 * p.group))) > 132
+        assert p.group == 256 or -(-rows // (constants.THREADS // (2 * p.group))) > 132
         assert p.group == plan(32768, 4096, 2, False, offset=2).group or p.grid <= 132
 
 
@@ -84,15 +86,15 @@ def test_long_rows_are_claimed_a_round_at_a_time_and_short_rows_are_shared_out()
     long_rows = plan(32768, 4096, 4, False, offset=4)  # 64 KB a round: claims balance the end
     assert long_rows.rounds == 1 and long_rows.chunks > 8 * long_rows.grid
     short = plan(1000000, 10, 4, False, stride=4096)  # short rows far apart: 10 KB a round, one chunk per CTA
-    assert short.family == model_new._ROWS and short.rounds > 1 and short.chunks == short.grid
+    assert short.family == constants.ROWS and short.rounds > 1 and short.chunks == short.grid
 
 
 def kernel_batches(end, group):
     """item_lse's batches for a body ending at vector `end` (lead included): the last batch's first
     vector, and whether that batch rides along with the one before it (ShortTail)."""
-    batch = model_new._BATCH * group
+    batch = constants.BATCH * group
     tail_batch = (end - 1) & -batch
-    return tail_batch, tail_batch > 0 and end - tail_batch <= model_new._SHORT_TAIL * group
+    return tail_batch, tail_batch > 0 and end - tail_batch <= constants.SHORT_TAIL * group
 
 
 @pytest.mark.parametrize("per_vec", [4, 8])
@@ -102,7 +104,7 @@ def test_lead_256_only_where_no_item_changes_its_batches(per_vec, group):
     head) and each lead of 0 to 15 vectors. Evict-first loads take the lead in groups of 64 or more
     only where every item has two batches or more and keeps them, as many and riding alike, whatever
     its start; plain loads in every group but a lone thread."""
-    batch = model_new._BATCH * group
+    batch = constants.BATCH * group
     # lengths around each batch's end and around where a last batch stops riding (half a batch in)
     lengths = sorted({n for k in range(1, 6) for half in (0, batch // 2) for d in range(-130, 131, 3)
                       if (n := (k * batch + half) * per_vec + d) > 0} | set(range(1, 3 * per_vec * 16 + 1, 7)))
@@ -110,13 +112,13 @@ def test_lead_256_only_where_no_item_changes_its_batches(per_vec, group):
         starts = [(length - head) // per_vec for head in range(per_vec)]  # whole vectors in the body
         keeps = all(kernel_batches(nvec + lead, group) == kernel_batches(nvec, group) and kernel_batches(nvec, group)[0] > 0
                     for nvec in starts for lead in range(16))
-        assert model_new._lead_256(group, [length], per_vec, True) == (group >= 64 and keeps), length
-        assert model_new._lead_256(group, [length], per_vec, False) == (group > 1), length
+        assert launch_policy._lead_256(group, [length], per_vec, True) == (group >= 64 and keeps), length
+        assert launch_policy._lead_256(group, [length], per_vec, False) == (group > 1), length
     # segments: every length must keep its batches
     keep, change = (batch + 3 * batch // 4) * per_vec, batch * per_vec  # 1.75 batches; one exactly
     if group >= 64:
-        assert model_new._lead_256(group, [keep, keep], per_vec, True)
-        assert not model_new._lead_256(group, [keep, change], per_vec, True)
+        assert launch_policy._lead_256(group, [keep, keep], per_vec, True)
+        assert not launch_policy._lead_256(group, [keep, change], per_vec, True)
 
 
 @pytest.mark.parametrize("rows, cols, elem_bytes, lead", [
@@ -128,12 +130,12 @@ def test_lead_256_only_where_no_item_changes_its_batches(per_vec, group):
 ])
 def test_evict_first_rows_counted_from_the_256_byte_grid(rows, cols, elem_bytes, lead):
     p = plan(rows, cols, elem_bytes, True)
-    assert p.family == model_new._ROWS and p.splits == 1 and p.lead_256 == lead, p
+    assert p.family == constants.ROWS and p.splits == 1 and p.lead_256 == lead, p
     assert plan(rows, cols, elem_bytes, False).lead_256  # plain loads: always
 
 
 # ------------------------------------------------------------------ the cases (GPU)
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("rows, cols", [(2000, 2000), (3000, 3000), (4099, 4099), (2000, 20000), (1000, 7600),
@@ -153,7 +155,7 @@ def test_target_logit_taken_from_every_position(model, policy, rows, cols, dtype
         assert_matches(model(x, t), x, t)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_lone_thread_rows_off_the_256_byte_grid(model, policy, dtype):
     """Short rows far apart (a strided view, too sparse to stage in tiles), many of them, read with
@@ -166,11 +168,11 @@ def test_lone_thread_rows_off_the_256_byte_grid(model, policy, dtype):
     x = logits(rows, 1025 * per_vec, dtype)[:, :cols]
     t = targets(rows, cols)
     p = plan_for(x)
-    assert p.family == model_new._ROWS and p.group == 1 and not p.evict_first, p
+    assert p.family == constants.ROWS and p.group == 1 and not p.evict_first, p
     assert_matches(model(x, t), x, t)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_edges_of_short_rows_beyond_one_a_lane(model, policy, dtype, evict_first):
@@ -184,12 +186,12 @@ def test_edges_of_short_rows_beyond_one_a_lane(model, policy, dtype, evict_first
     x = logits(rows, 1025 * per_vec + 1, dtype)[:, 1:cols + 1]  # an odd stride: every offset from the grid
     t = spread_columns(rows, cols)
     p = plan_for(x)
-    assert p.family == model_new._ROWS and p.group <= 2, p
+    assert p.family == constants.ROWS and p.group <= 2, p
     x = spiked(x, t)
     assert_matches(model(x, t), x, t)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("evict_first", [True, False], ids=["evict-first", "plain"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_special_values_in_the_edges_of_rows_off_the_grid(model, policy, dtype, evict_first):
@@ -211,13 +213,13 @@ def test_special_values_in_the_edges_of_rows_off_the_grid(model, policy, dtype, 
         x[0, where] = value
         t = torch.tensor([target, 5], device="cuda")
         p = plan_for(x)
-        assert x.data_ptr() % 16 and p.family == model_new._ROWS and p.splits == 1, p
+        assert x.data_ptr() % 16 and p.family == constants.ROWS and p.splits == 1, p
         expected = torch.nn.functional.cross_entropy(x.float(), t)
         rtol = 1e-5 if dtype == torch.float32 else 1e-2  # a 16-bit result
         torch.testing.assert_close(model(x, t).float(), expected, equal_nan=True, rtol=rtol, atol=0, msg=name)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_evict_first_rows_off_the_256_byte_grid_take_the_lead(model, policy, dtype):
     """Evict-first rows in registers counted from the 256-byte grid (_lead_256), in their own
@@ -240,7 +242,7 @@ def test_evict_first_rows_off_the_256_byte_grid_take_the_lead(model, policy, dty
         assert_matches(out[0], x, t)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_target_logit_at_segment_boundaries(model, dtype):
     """Rows split across CTAs: a target on either side of every segment boundary, and at both ends."""
@@ -255,23 +257,23 @@ def test_target_logit_at_segment_boundaries(model, dtype):
             assert_matches(model(x, t), x, t)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows, cols", [(100, 400000), (1, 2**22)])
 def test_segments_merged_a_slab_at_a_time(model, policy, rows, cols):
     """On a GPU of many SMs rows split further than on this one: more segment partials than the last
     CTA stages at once (100 rows in 30 segments each, 6 slabs), or a row in the most segments (512,
     16 per lane). Planned here for 1000 SMs and launched on this GPU, whose CTAs claim the chunks."""
-    many = model_new._gpu(torch.cuda.current_device())._replace(sms=1000)
-    policy("_gpu", lambda _: many)
+    many = build.device_gpu(torch.cuda.current_device())._replace(sms=1000)
+    policy("device_gpu", lambda _: many)
     x, t = logits(rows, cols, torch.float32), targets(rows, cols)
     if rows > 1:
         t[rows // 3] = -100
     p = plan_for(x)
-    assert rows * p.splits > model_new._SEG_SLAB or p.splits == model_new._SEG_SLAB
+    assert rows * p.splits > constants.SEG_SLAB or p.splits == constants.SEG_SLAB
     assert_matches(model(x, t), x, t)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_ignore_index_in_split_rows(model):
     x, t = logits(16, 256000, torch.float32), targets(16, 256000)
     t[3] = -100

@@ -8,10 +8,12 @@ import math
 import pytest
 import torch
 
-import model_new
+import crossent
+from crossent import constants
+from crossent import policy as launch_policy
+
 from cases import DTYPES, logits, targets, views
 from cases import expected_loss as expected
-from conftest import requires_cuda
 from gpu_checks import launched_kernel
 from plans import GPU_PLANS, H100
 
@@ -57,9 +59,9 @@ def check(x, t, **options):
     """cross_entropy(x, t, **options), and ModelNew with them, against float64."""
     want = expected(x, t, options.get("ignore_index", -100), options.get("reduction", "mean"), options.get("weight"),
                     options.get("z_loss", 0.0), options.get("label_smoothing", 0.0), options.get("softcap"))
-    assert_close(model_new.cross_entropy(x, t, **options), want, result_dtype(x, t))
+    assert_close(crossent.cross_entropy(x, t, **options), want, result_dtype(x, t))
     module_options = {k: v for k, v in options.items() if k != "z_loss"}
-    assert_close(model_new.ModelNew(**module_options, z_loss=options.get("z_loss", 0.0))(x, t), want,
+    assert_close(crossent.ModelNew(**module_options, z_loss=options.get("z_loss", 0.0))(x, t), want,
                  result_dtype(x, t))
 
 
@@ -90,39 +92,40 @@ def test_the_float64_reference_caps_every_logit():
 
 
 def test_the_policy_streams_what_the_other_families_do_not_take():
-    gpu, streamed = H100, model_new._STREAMED
-    assert model_new._plan(4096, 32000, 32000, 4, gpu, probs=True).family == streamed
-    assert model_new._plan(4096, 4096, 4096, 4, gpu, weighted=True, smoothed=True).family == streamed
-    assert model_new._plan(4096, 4096, 4096, 4, gpu, weighted=True).family != streamed
-    assert model_new._plan(4096, 4096, 4096, 4, gpu, smoothed=True).family != streamed
-    assert model_new._plan(4096, 4096, 4096, 4, gpu, capped=True).family == streamed
-    assert model_new._plan(1, 4096, 4096, 2, gpu, capped=True).family == streamed
-    strided = model_new._plan(8 * 512 * 512, 21, 21 * 512 * 512, 4, gpu, class_stride=512 * 512)
-    assert strided.family == streamed and strided.group == 4 and strided.grid == model_new._max_grid(streamed, gpu)
-    assert model_new._plan(8 * 512 * 512, 21, 21 * 512 * 512, 2, gpu, class_stride=512 * 512, capped=True).group == 4
+    gpu, streamed = H100, constants.STREAMED
+    plan_launch = launch_policy.plan_launch
+    assert plan_launch(4096, 32000, 32000, 4, gpu, probs=True).family == streamed
+    assert plan_launch(4096, 4096, 4096, 4, gpu, weighted=True, smoothed=True).family == streamed
+    assert plan_launch(4096, 4096, 4096, 4, gpu, weighted=True).family != streamed
+    assert plan_launch(4096, 4096, 4096, 4, gpu, smoothed=True).family != streamed
+    assert plan_launch(4096, 4096, 4096, 4, gpu, capped=True).family == streamed
+    assert plan_launch(1, 4096, 4096, 2, gpu, capped=True).family == streamed
+    strided = plan_launch(8 * 512 * 512, 21, 21 * 512 * 512, 4, gpu, class_stride=512 * 512)
+    assert strided.family == streamed and strided.group == 4 and strided.grid == launch_policy._max_grid(streamed, gpu)
+    assert plan_launch(8 * 512 * 512, 21, 21 * 512 * 512, 2, gpu, class_stride=512 * 512, capped=True).group == 4
     # Quads of positions only where their logits share a load.
     for stride, offset, elem, probs, group in [(9, 0, 4, False, 1), (12, 4, 4, False, 1), (12, 8, 2, False, 4),
                                                (12, 4, 2, False, 1), (12, 0, 4, True, 1)]:
-        assert model_new._plan(3000, 21, 21 * stride, elem, gpu, offset, probs=probs, class_stride=stride).group == group
+        assert plan_launch(3000, 21, 21 * stride, elem, gpu, offset, probs=probs, class_stride=stride).group == group
     # Contiguous rows: lanes enough for a batch of vectors each, at most a CTA; no more CTAs than chunks.
     for cols, elem, group in [(4096, 4, 32), (128256, 2, 256), (32000, 4, 256), (1000, 4, 8), (77, 4, 1), (10, 4, 1),
                               (1, 2, 1)]:
-        plan = model_new._plan(100000, cols, cols, elem, gpu, probs=True)
+        plan = plan_launch(100000, cols, cols, elem, gpu, probs=True)
         assert plan.group == group, (cols, elem, plan)
-    assert model_new._plan(3, 4096, 4096, 4, gpu, probs=True).grid == 1  # a CTA's chunk is 8 such rows
+    assert plan_launch(3, 4096, 4096, 4, gpu, probs=True).grid == 1  # a CTA's chunk is 8 such rows
     for name, other in GPU_PLANS.items():  # every CTA resident at once, on every GPU
-        assert model_new._plan(10**6, 21, 21, 4, other, class_stride=9).grid == model_new._max_grid(streamed, other), name
+        assert plan_launch(10**6, 21, 21, 4, other, class_stride=9).grid == launch_policy._max_grid(streamed, other), name
         # 16-bit quads with their staged copies too: fewer CTAs where shared memory runs out first.
-        quads = model_new._plan(10**6, 21, 21 * 512, 2, other, class_stride=512)
-        per_cta = model_new._CTA_SHARED_BYTES[streamed] + 32 * 1024 + other.smem_reserved
-        assert quads.grid == other.sms * min(model_new._ctas_per_sm(streamed, other), other.smem_per_sm // per_cta), name
-    assert model_new._plan(10**6, 21, 21 * 512, 2, GPU_PLANS["T4"], class_stride=512).grid == GPU_PLANS["T4"].sms
-    assert model_new._plan(10**6, 21, 21 * 512, 2, H100, class_stride=512).grid == model_new._max_grid(streamed, H100)
-    assert model_new._quad_stage_bytes(4) == 0 and model_new._quad_stage_bytes(2) == 32 * 1024
+        quads = plan_launch(10**6, 21, 21 * 512, 2, other, class_stride=512)
+        per_cta = launch_policy._CTA_SHARED_BYTES[streamed] + 32 * 1024 + other.smem_reserved
+        assert quads.grid == other.sms * min(launch_policy._ctas_per_sm(streamed, other), other.smem_per_sm // per_cta), name
+    assert plan_launch(10**6, 21, 21 * 512, 2, GPU_PLANS["T4"], class_stride=512).grid == GPU_PLANS["T4"].sms
+    assert plan_launch(10**6, 21, 21 * 512, 2, H100, class_stride=512).grid == launch_policy._max_grid(streamed, H100)
+    assert launch_policy._quad_stage_bytes(4) == 0 and launch_policy._quad_stage_bytes(2) == 32 * 1024
 
 
 # ------------------------------------------------------------------ on the GPU
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_probability_targets(dtype, reduction):
@@ -135,18 +138,18 @@ def test_probability_targets(dtype, reduction):
     check(x, probabilities((4096,), dtype), reduction=reduction, label_smoothing=0.1)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_probability_targets_of_another_dtype_promote_as_pytorch_does(dtype):
     x = logits(300, 1001, dtype)
     for target_dtype in DTYPES.values():
         p = probabilities((300, 1001), target_dtype)
-        assert model_new.cross_entropy(x, p).dtype == torch.nn.functional.cross_entropy(x, p).dtype
+        assert crossent.cross_entropy(x, p).dtype == torch.nn.functional.cross_entropy(x, p).dtype
         for reduction in REDUCTIONS:
             check(x, p, reduction=reduction, label_smoothing=0.1)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_probability_targets_in_any_layout():
     """Logits and probabilities each off the 16-byte grid, apart from each other, or not contiguous."""
     for dtype in DTYPES.values():
@@ -157,7 +160,7 @@ def test_probability_targets_in_any_layout():
                 check(x, p.contiguous(), weight=torch.rand(1003, device="cuda").to(dtype))
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_positions(dtype, reduction):
@@ -172,7 +175,7 @@ def test_positions(dtype, reduction):
         check(x, p, reduction=reduction, weight=w, label_smoothing=0.1)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_positions_in_any_layout_and_the_kernel_each_takes():
     """Channels last: each position's classes are adjacent, so it is a view of rows and takes the
     other families; a slice is made contiguous; contiguous logits stream with strided classes."""
@@ -184,15 +187,15 @@ def test_positions_in_any_layout_and_the_kernel_each_takes():
         for reduction in REDUCTIONS:
             check(layout, t, reduction=reduction)
             check(layout, torch.softmax(layout, 1), reduction=reduction)
-    assert launched_kernel(lambda: model_new.cross_entropy(x, t))[0] == "streamed"
-    assert launched_kernel(lambda: model_new.cross_entropy(last, t))[0] != "streamed"
-    family, args = launched_kernel(lambda: model_new.cross_entropy(x.bfloat16(), torch.softmax(x, 1)))
+    assert launched_kernel(lambda: crossent.cross_entropy(x, t))[0] == "streamed"
+    assert launched_kernel(lambda: crossent.cross_entropy(last, t))[0] != "streamed"
+    family, args = launched_kernel(lambda: crossent.cross_entropy(x.bfloat16(), torch.softmax(x, 1)))
     assert family == "streamed" and args["E"].endswith("BF16") and args["P"].endswith("F32") and args["kStrided"] == "true"
-    lse = model_new.cross_entropy(x, t, return_lse=True)[1]
+    lse = crossent.cross_entropy(x, t, return_lse=True)[1]
     torch.testing.assert_close(lse, torch.logsumexp(x, 1))
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_class_weights_with_label_smoothing(dtype, reduction):
@@ -208,7 +211,7 @@ def test_class_weights_with_label_smoothing(dtype, reduction):
         check(x, t, reduction=reduction, weight=w, label_smoothing=0.3)
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_soft_capped_logits(dtype, reduction):
@@ -229,7 +232,7 @@ def test_soft_capped_logits(dtype, reduction):
         check(x, targets(64, 1003), reduction=reduction, softcap=3.0)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_soft_capped_logits_special_values_lse_and_kernel():
     """-inf caps to -softcap and +inf to softcap (both finite), NaN stays NaN; the lse returned is
     the capped logits'; a SoftCapped instance runs."""
@@ -244,14 +247,14 @@ def test_soft_capped_logits_special_values_lse_and_kernel():
         check(x, t, reduction=reduction, softcap=15.0)
         check(x.reshape(8, 30, 10), t.reshape(8, 1).expand(8, 10).remainder(30).contiguous(), reduction=reduction,
               softcap=15.0)
-    lse = model_new.cross_entropy(x, t, softcap=15.0, return_lse=True)[1]
+    lse = crossent.cross_entropy(x, t, softcap=15.0, return_lse=True)[1]
     torch.testing.assert_close(lse.double(), torch.logsumexp(15.0 * torch.tanh(x.double() / 15.0), 1), rtol=1e-6,
                                atol=1e-6, equal_nan=True)
-    family, args = launched_kernel(lambda: model_new.cross_entropy(x.half(), t, softcap=15.0))
+    family, args = launched_kernel(lambda: crossent.cross_entropy(x.half(), t, softcap=15.0))
     assert family == "streamed" and "SoftCapped<" in args["E"] and args["E"].endswith("F16>"), args
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_special_values():
     """-inf, +inf, NaN and huge logits in the streams, as PyTorch gives them (NaN where a probability
     of 0 meets -inf: 0 * inf)."""
@@ -272,21 +275,21 @@ def test_special_values():
         check(xs, t.reshape(8, 1).expand(8, 10).remainder(30).contiguous(), reduction=reduction, label_smoothing=0.1)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_streamed_results_are_bitwise_the_same_run_to_run():
     x, p = logits(3000, 4099, torch.float32), probabilities((3000, 4099), torch.float32)
     x4 = torch.randn(8, 19, 64, 64, device="cuda")
     t4, w = class_targets(x4.shape, 19), torch.rand(19, device="cuda")
-    calls = [lambda: model_new.cross_entropy(x, p, label_smoothing=0.1),
-             lambda: model_new.cross_entropy(x4, t4, weight=w),
-             lambda: model_new.cross_entropy(x4, torch.softmax(x4, 1), reduction="sum")]
+    calls = [lambda: crossent.cross_entropy(x, p, label_smoothing=0.1),
+             lambda: crossent.cross_entropy(x4, t4, weight=w),
+             lambda: crossent.cross_entropy(x4, torch.softmax(x4, 1), reduction="sum")]
     for call in calls:
         first = call()
         for _ in range(5):
             assert torch.equal(call(), first)
 
 
-@requires_cuda
+@pytest.mark.gpu
 def test_what_pytorch_rejects_raises_clearly():
     x, p = logits(8, 10, torch.float32), probabilities((8, 10), torch.float32)
     cases = [
@@ -299,5 +302,5 @@ def test_what_pytorch_rejects_raises_clearly():
     ]
     for args, kwargs, exc, msg in cases:
         with pytest.raises(exc, match=msg):
-            model_new.cross_entropy(*args, **kwargs)
+            crossent.cross_entropy(*args, **kwargs)
     check(x, p)  # the CUDA context is still healthy

@@ -22,7 +22,7 @@ def test_sweep_keeps_each_implementations_best_pass(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "measure", fake_measure)
     monkeypatch.setattr(sweep.run_eval, "stream_read_fn", lambda device: None)
     monkeypatch.setattr(sweep.torch.cuda, "get_device_name", lambda *a: "test device")
-    monkeypatch.setitem(sys.modules, "model_new", types.SimpleNamespace(ModelNew=lambda: None))
+    monkeypatch.setattr(sweep, "crossent", types.SimpleNamespace(ModelNew=lambda: None))
     monkeypatch.setattr(sweep, "can_plot", lambda: True)
     monkeypatch.setattr(sweep, "plot", lambda rows, path, title: open(path, "w").close())
     out = str(tmp_path / "sweep")
