@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""Tables from the committed results: bench/RESULTS.md in full, and README.md's headline tables.
+
+    python bench/report.py            # rewrite bench/RESULTS.md and the README's marker blocks
+    python bench/report.py --check    # exit 1, printing a diff, where either is stale
+
+Reads every bench/results/*.json (run_eval.py --json, bench/sweep.py --out, bench/ab.py --json),
+tells the kind of each from its fields, and writes tables that name their source files, GPU, torch
+version and date. In README.md only the lines between <!-- report:NAME --> and
+<!-- /report:NAME --> (NAME: forward, training) are generated. Standard library only.
+"""
+import argparse
+import difflib
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRECISIONS = ("fp32", "bf16", "fp16")
+# What bench/ab.py's files do not record themselves: which two versions they compare.
+AB_NOTES = {"h100_sm75.json": "Baseline: the source's sm_90 code; candidate: its sm_75 code (`--candidate-sm75`: "
+                              "compute_75 PTX under sm_75's plans), both on the H100.",
+            "h100_ab_options.json": "Baseline: the source before class weights and label smoothing; candidate: "
+                                    "with them.",
+            "h100_build_times_options.json": "Baseline: the source before class weights and label smoothing; "
+                                             "candidate: with them.",
+            "h200_ab_package.json": "Baseline: model_new.py as one hand-written file; candidate: model_new.py "
+                                    "bundled from the crossent package (tools/bundle.py), the same kernels' source "
+                                    "split into files; 2 passes."}
+
+
+def ms(x):
+    """Three significant digits, trailing zeros kept: 0.188 ms, 1.20 ms, 0.0986 ms."""
+    return f"{x:#.3g}".rstrip(".") + " ms"
+
+
+def pct(x):
+    return f"{100 * x:.1f}%"
+
+
+def times(x):
+    return f"{x:.2f}x"
+
+
+def yes(ok):
+    return "yes" if ok else "NO"
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def by(rows, key):
+    """{key(row): {impl: row}}, in the rows' order."""
+    out = {}
+    for r in rows:
+        out.setdefault(key(r), {})[r["impl"]] = r
+    return out
+
+
+def kind(data):
+    if isinstance(data, dict):
+        return "run_eval" if "timings" in data else "ab" if data.keys() & {"timing", "build_times", "runs"} else None
+    first = data[0] if data else {}
+    return next((name for key, name in (("options", "options"), ("copy_ms", "train"), ("shape", "kdim"))
+                 if key in first), None)
+
+
+def provenance(files):
+    """One line naming the source files and the GPU, torch, CUDA and date they record."""
+    def values(field):
+        got = {}
+        for name, data in files.items():
+            for rec in data if isinstance(data, list) else [data]:
+                if rec.get(field) is not None:
+                    got.setdefault(str(rec[field]), set()).add(name)
+        if len(got) < 2:
+            return next(iter(got), None)
+        return "; ".join(f"{v} ({', '.join(sorted(n))})" for v, n in got.items())
+    cuda, date = values("cuda"), values("date")
+    return (f"Source: {', '.join(f'`bench/results/{n}`' for n in files)}. GPU: {values('device')}. "
+            f"torch {values('torch')}" + (f", CUDA {cuda}" if cuda else "") + ". Date: "
+            + (date or f"not recorded in the file{'s' * (len(files) > 1)}") + ".")
+
+
+def run_eval_options(r):
+    """run_eval.py's options behind report r, beside --precision and --backward."""
+    return ([f"--reduction {r['reduction']}"] * (r.get("reduction", "mean") != "mean")
+            + [f"--ignore-fraction {r.get('ignore_fraction'):g}"] * bool(r.get("ignore_fraction"))
+            + ["--weight"] * bool(r.get("weight"))
+            + [f"--label-smoothing {r.get('label_smoothing'):g}"] * bool(r.get("label_smoothing"))
+            + ["--soft-targets"] * bool(r.get("soft_targets")))
+
+
+def run_eval_table(files, backward, headline=False):
+    """run_eval.py's reports, by precision; the headline drops the columns its caption gives."""
+    rows = []
+    for name, r in sorted(files.items(), key=lambda f: (f[1]["device"], PRECISIONS.index(f[1]["precision"]),
+                                                         run_eval_options(f[1]))):
+        t = r["timings"]
+        rows.append([f"`{name}`", r["device"].removeprefix("NVIDIA "), r["precision"],
+                     " ".join(run_eval_options(r)) or "defaults",
+                     " x ".join(map(str, r["shape"])), f"{r['trials_passed']}/{r['correct_trials']}",
+                     t["model_new"]["num_trials"]]
+                    + [ms(t[k]["mean_exact"]) if k in t else "" for k in ("model_new", "eager", "compile", "floor")]
+                    + [times(r["speedup_eager"]), times(r["speedup_compile"]) if r.get("speedup_compile") else "",
+                       times(r["model_new_ms"] / r["floor_ms"]) if backward else pct(r["fraction_of_floor"])])
+    header = ["file", "GPU", "precision", "options", "shape", "correct", "trials", "ModelNew", "eager",
+              "torch.compile", "copy" if backward else "read", "vs eager", "vs compile",
+              "over the copy" if backward else "of the read"]
+    keep = [1, 2, 5] + list(range(7, len(header))) if headline else range(len(header))
+    return table([header[i] for i in keep], [[row[i] for i in keep] for row in rows])
+
+
+def train_table(rows, headline=False):
+    """bench/sweep.py --train: each step's mean over the copy timed in its phase (the median in brackets)."""
+    out = []
+    for (n, c, d), got in by(rows, lambda r: (r["N"], r["C"], r["dtype"])).items():
+        m, logits = got["model_new"], n * c * (4 if d == "float32" else 2)
+        over = {k: times(r["mean_ms"] / r["copy_ms"]) for k, r in got.items()}
+        out.append([f"{n} x {c}", d, ms(m["copy_ms"]), ms(m["mean_ms"]),
+                    f"{over['model_new']} ({times(m['median_ms'] / m['copy_ms'])})",
+                    over.get("compile", ""), over.get("eager", "")]
+                   + ([] if headline else [" / ".join(f"{got[k]['peak_extra_bytes'] / logits:.2f}" if k in got
+                                                      else "-" for k in ("model_new", "compile", "eager")),
+                                           yes(all(r["correct"] for r in got.values()))]))
+    header = ["logits", "dtype", "copy", "ModelNew", "ModelNew / copy (median)", "torch.compile / copy", "eager / copy"]
+    return table(header + ([] if headline else ["extra memory / logits (ModelNew / compile / eager)", "correct"]), out)
+
+
+def options_tables(rows):
+    """bench/sweep.py --options, per dtype: ModelNew's time as a share of the read's, and eager's
+    time over ModelNew's in brackets where PyTorch has the options."""
+    out = []
+    for d in dict.fromkeys(r["dtype"] for r in rows):
+        mine = [r for r in rows if r["dtype"] == d]
+        shapes = list(dict.fromkeys((r["N"], r["C"]) for r in mine))
+        cells = by(mine, lambda r: (r["options"], r["N"], r["C"]))
+        body = []
+        for opt in dict.fromkeys(r["options"] for r in mine):
+            of = [r for r in mine if r["options"] == opt]
+            row = [opt, "/".join(sorted({str(r["passes"]) for r in of})), yes(all(r["correct"] for r in of))]
+            for n, c in shapes:
+                m, e = (cells.get((opt, n, c), {}).get(k) for k in ("model_new", "eager"))
+                row.append(pct(m["fraction_of_floor"]) + (f" ({times(e['mean_ms'] / m['mean_ms'])})" if e else "")
+                           if m else "")
+            body.append(row)
+        out.append(f"{d}:\n\n" + table(["options", "passes", "correct"] + [f"{n} x {c}" for n, c in shapes], body))
+    return "\n\n".join(out)
+
+
+def kdim_table(rows):
+    body = [[" x ".join(map(str, s)), d] + [ms(g[k]["mean_ms"]) for k in ("model_new", "eager", "compile")]
+            + [ms(g["model_new"]["floor_ms"]), pct(g["model_new"]["fraction_of_floor"]),
+               pct(g["model_new"]["logits_floor_ms"] / g["model_new"]["mean_ms"]),
+               yes(all(r["correct"] for r in g.values()))]
+            for (s, d), g in by(rows, lambda r: (tuple(r["shape"]), r["dtype"])).items()]
+    return table(["shape", "dtype", "ModelNew", "eager", "torch.compile", "read (logits, targets)", "of the read",
+                  "of the logits' read", "correct"], body)
+
+
+def ab_section(name, r):
+    """bench/ab.py --json: what it compares, bitwise cases, host time, timing medians, build times."""
+    parts = [f"What the file says: {r['what']}." if "what" in r
+             else AB_NOTES.get(name, "The file does not record which two versions it compares.")]
+    if "bitwise_cases" in r:
+        parts.append(f"Bitwise: {r['bitwise_cases']} cases, {r['bitwise_mismatches']} differ.")
+    if "bitwise_options_cases" in r:
+        parts.append(f"Bitwise, the options build (every option, and the gradients of training steps): "
+                     f"{r['bitwise_options_cases']} cases, {r['bitwise_options_mismatches']} differ.")
+    if "host_us" in r:
+        parts.append("The dispatch's host time per call: "
+                     + ", ".join(f"{k} {v:.1f} us" for k, v in r["host_us"].items()) + ".")
+    if "timing" in r:
+        body = [[f"{t['N']} x {t['C']}", t["dtype"] + (", training step" if t.get("train") else "")]
+                + [f"{1000 * t[k + '_median_ms']:.1f}" for k in ("floor", "baseline", "candidate")]
+                + [f"{t['candidate_median_ms'] / t['baseline_median_ms']:.3f}",
+                   pct(t["floor_median_ms"] / t["candidate_median_ms"]), "yes" if t["flagged"] else ""]
+                for t in r["timing"]]
+        parts.append("Medians in us; the floor is the read of the logits, for a training step their copy; flagged: "
+                     "slower than `bench/ab.py`'s gate allows.\n\n" + table(
+                         ["logits", "dtype", "floor", "baseline", "candidate", "candidate / baseline",
+                          "candidate of the floor", "flagged"], body))
+    builds = {}
+    for b in r.get("build_times", []) + [b for run in r.get("runs", []) for b in run]:
+        builds.setdefault((b["version"], b["cores"]), []).append(b["seconds"])
+    if builds:
+        parts.append("Cold imports (the build), in seconds:\n\n" + table(
+            ["version", "cores", "each import", "mean"],
+            [[v, c, ", ".join(f"{s:.1f}" for s in ss), f"{sum(ss) / len(ss):.1f}"] for (v, c), ss in builds.items()]))
+    return "\n\n".join(parts)
+
+
+def load(root):
+    return {p.name: json.loads(p.read_text()) for p in sorted((root / "bench" / "results").glob("*.json"))}
+
+
+def group(results, name, backward=None):
+    return {n: d for n, d in results.items()
+            if kind(d) == name and (backward is None or bool(d.get("backward")) == backward)}
+
+
+def headlines(results):
+    """The README's blocks: run_eval's forward with no options, and the training sweep."""
+    fwd = {n: d for n, d in group(results, "run_eval", False).items() if not run_eval_options(d)}
+    train = group(results, "train")
+    commands = ", ".join(dict.fromkeys(
+        f"`python3 run_eval.py{'' if d['precision'] == 'fp32' else ' --precision ' + d['precision']}`"
+        for d in fwd.values()))
+    shapes = " and ".join(sorted({" x ".join(map(str, d["shape"])) for d in fwd.values()}))
+    trials = " and ".join(sorted({str(d["timings"]["model_new"]["num_trials"]) for d in fwd.values()}))
+    return {"forward": f"{commands}: logits {shapes}, the mean of {trials} trials. {provenance(fwd)}\n\n"
+                       + run_eval_table(fwd, backward=False, headline=True),
+            "training": "`python3 bench/sweep.py --train`: the step (the loss and `loss.backward()`), its mean over "
+                        f"a copy of the logits, `y.copy_(x)`, timed in the same phase. {provenance(train)}\n\n"
+                        + "\n\n".join(train_table(rows, headline=True) for rows in train.values())}
+
+
+def results_md(root, results):
+    out = ["# Results", "",
+           "Generated by `python3 bench/report.py` from `bench/results/*.json`; do not edit by hand "
+           "(`python3 bench/report.py --check` fails where this file is stale). Times are KernelBench's "
+           "cuda_event method (a 256 MB L2 flush before each trial). The files record the GPU and torch "
+           "(run_eval's also CUDA) but no date and no commit of the code measured: "
+           "`git log -- bench/results/FILE` says when each was committed. The sweeps' files do not record "
+           "their trial count."]
+
+    def section(title, files, body, note=""):
+        if files:
+            out.extend(["", f"## {title}", "", provenance(files)] + [note] * bool(note) + ["", body])
+            out.extend(f"\n![{Path(n).stem}.png](results/{Path(n).stem}.png)" for n in files
+                       if (root / "bench" / "results" / f"{Path(n).stem}.png").exists())
+    fwd, bwd = group(results, "run_eval", False), group(results, "run_eval", True)
+    section("`run_eval.py`: the forward", fwd, run_eval_table(fwd, backward=False),
+            "Read: a streaming read of the bytes the launch must read (with `--soft-targets`, the logits and "
+            "the targets).")
+    section("`run_eval.py --backward`: the training step", bwd, run_eval_table(bwd, backward=True),
+            "Copy: a copy of the logits, `y.copy_(x)`.")
+    for n, rows in group(results, "train").items():
+        section(f"`bench/sweep.py --train`: {n}", {n: rows}, train_table(rows),
+                "The step (the loss and `loss.backward()`): its mean over a copy of the logits, `y.copy_(x)`, "
+                "timed in the same phase (torch.compile in a phase of its own), the median in brackets.")
+    for n, rows in group(results, "options").items():
+        section(f"`bench/sweep.py --options`: {n}", {n: rows}, options_tables(rows),
+                "ModelNew's mean as a share of the read's (of the logits; with probability targets, of both), "
+                "the best of the passes; in brackets eager's time over ModelNew's. The options are "
+                "`bench/sweep.py`'s OPTIONS, by name.")
+    for n, rows in group(results, "kdim").items():
+        section(f"`bench/sweep.py --kdim`: {n}", {n: rows}, kdim_table(rows),
+                f"The best of {'/'.join(sorted({str(r['passes']) for r in rows}))} passes per implementation.")
+    for n, r in group(results, "ab").items():
+        section(f"`bench/ab.py`: {n}", {n: r}, ab_section(n, r))
+    unknown = [f"`{n}`" for n, d in results.items() if kind(d) is None]
+    out += ["", f"Not tabulated, in a format this script does not know: {', '.join(unknown)}."] * bool(unknown)
+    pngs = [p.name for p in sorted((root / "bench" / "results").glob("*.png")) if f"{p.stem}.json" not in results]
+    out += (["", "## Other plots", ""] + [f"![{p}](results/{p})" for p in pngs]) * bool(pngs)
+    return "\n".join(out) + "\n"
+
+
+def fill(text, blocks):
+    """text with the inside of each <!-- report:NAME --> ... <!-- /report:NAME --> block replaced."""
+    for name, body in blocks.items():
+        start, end = f"<!-- report:{name} -->", f"<!-- /report:{name} -->"
+        if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+            raise ValueError(f"README.md needs exactly one {start} ... {end} block")
+        head, rest = text.split(start)
+        text = head + start + "\n" + body + "\n" + end + rest.split(end, 1)[1]
+    return text
+
+
+def outputs(root=ROOT):
+    """{path: the text it should hold} for bench/RESULTS.md and README.md."""
+    results, readme = load(root), root / "README.md"
+    return {root / "bench" / "RESULTS.md": results_md(root, results),
+            readme: fill(readme.read_text(), headlines(results))}
+
+
+def stale(root=ROOT):
+    """A unified diff for each generated file that is not what the results give."""
+    diffs = []
+    for path, want in outputs(root).items():
+        have, rel = path.read_text() if path.exists() else "", path.relative_to(root).as_posix()
+        if have != want:
+            diffs.append("".join(difflib.unified_diff(have.splitlines(True), want.splitlines(True),
+                                                      f"{rel} (as it is)", f"{rel} (from bench/results)")))
+    return diffs
+
+
+def write(root=ROOT):
+    for path, text in outputs(root).items():
+        path.write_text(text)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1, with a diff, where a generated file is stale")
+    if not ap.parse_args(argv).check:
+        write()
+        return 0
+    diffs = stale()
+    sys.stdout.write("".join(diffs) + "stale: run python3 bench/report.py\n" * bool(diffs))
+    return 1 if diffs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""bench/report.py on the CPU: the committed tables are what the committed results give, and a stale
+one is caught."""
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("report", ROOT / "bench" / "report.py")
+report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(report)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A copy of what report.py reads and writes: bench/results/, bench/RESULTS.md, README.md."""
+    shutil.copytree(ROOT / "bench" / "results", tmp_path / "bench" / "results")
+    for name in ("README.md", "bench/RESULTS.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    return tmp_path
+
+
+def block(text, name):
+    start, end = f"<!-- report:{name} -->", f"<!-- /report:{name} -->"
+    return text.split(start)[1].split(end)[0]
+
+
+def test_the_committed_tables_are_current():
+    assert report.stale() == [], "run python3 bench/report.py"
+    assert report.main(["--check"]) == 0
+
+
+def test_every_results_file_has_a_table():
+    text = (ROOT / "bench" / "RESULTS.md").read_text()
+    for path in (ROOT / "bench" / "results").glob("*.json"):
+        assert report.kind(json.loads(path.read_text())) is not None, path.name
+        assert f"`bench/results/{path.name}`" in text
+    for path in (ROOT / "bench" / "results").glob("*.png"):
+        assert f"](results/{path.name})" in text
+
+
+def test_the_readme_blocks_are_short_and_name_their_source():
+    readme = (ROOT / "README.md").read_text()
+    for name in ("forward", "training"):
+        body = block(readme, name)
+        assert "Source: `bench/results/" in body and "Date: " in body
+        assert 3 <= sum(line.startswith("| ") for line in body.splitlines()) <= 12  # header + <= 10 rows
+
+
+def test_a_hand_edited_readme_block_is_caught(tree):
+    report.write(tree)  # from a current tree, whatever the checkout's state
+    readme = tree / "README.md"
+    text = readme.read_text()
+    body = block(text, "forward")
+    edited = body.replace("| fp32 |", "| fp32 (edited) |")
+    assert edited != body
+    readme.write_text(text.replace(body, edited))
+    diffs = report.stale(tree)
+    assert len(diffs) == 1 and "README.md" in diffs[0] and "(edited)" in diffs[0]
+    report.write(tree)
+    assert report.stale(tree) == [] and readme.read_text() == text
+
+
+def test_a_changed_result_makes_both_files_stale(tree):
+    path = tree / "bench" / "results" / "h100_train.json"
+    rows = json.loads(path.read_text())
+    rows[0]["mean_ms"] *= 2  # the first row: ModelNew's step at the first shape
+    path.write_text(json.dumps(rows))
+    diffs = report.stale(tree)
+    assert sorted(d.splitlines()[0].split()[1] for d in diffs) == ["README.md", "bench/RESULTS.md"]
+
+
+def test_a_missing_marker_is_an_error(tree):
+    readme = tree / "README.md"
+    readme.write_text(readme.read_text().replace("<!-- /report:training -->", ""))
+    with pytest.raises(ValueError, match="report:training"):
+        report.stale(tree)
+
+
+def test_a_file_without_a_date_says_so_and_one_with_a_date_gives_it():
+    assert report.provenance({"a.json": {"device": "GPU", "torch": "2.x"}}).endswith(
+        "Date: not recorded in the file.")
+    assert "Date: 2030-01-02." in report.provenance({"a.json": {"device": "GPU", "torch": "2.x", "date": "2030-01-02"}})
