@@ -15,7 +15,6 @@ sys.path.insert(0, ROOT)
 
 CUDA = torch.cuda.is_available()
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
-requires_cuda = pytest.mark.gpu  # (the name the GPU tests mark themselves with)
 
 
 def pytest_collection_modifyitems(config, items):
