@@ -26,7 +26,9 @@ AB_NOTES = {"h100_sm75.json": "Baseline: the source's sm_90 code; candidate: its
                                              "candidate: with them.",
             "h200_ab_package.json": "Baseline: model_new.py as one hand-written file; candidate: model_new.py "
                                     "bundled from the crossent package (tools/bundle.py), the same kernels' source "
-                                    "split into files; 2 passes."}
+                                    "split into files; 2 passes.",
+            "h200_ab_package_rerun.json": "The same two versions as h200_ab_package.json, timing only, 3 passes, "
+                                          "in a later lease of an H200."}
 
 
 def ms(x):
