@@ -8,7 +8,9 @@ modules in import order and its CUDA sources (crossent/csrc/) as strings, which 
 at import for the GPUs present. Edit the package, then run python3 tools/bundle.py.
 """
 from collections import namedtuple
+import contextlib
 import functools
+import hashlib
 import inspect
 import math
 import operator
@@ -17,10 +19,11 @@ import posixpath
 import re
 import struct
 import subprocess
+import sys
 from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
-from torch.utils.cpp_extension import CUDA_HOME, load_inline
+from torch.utils.cpp_extension import CUDA_HOME, _get_build_directory, load_inline
 
 # ==========================================================================================
 # crossent/constants.py
@@ -3828,49 +3831,145 @@ def _build_options():
     return {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
 
 
-def _build(archs, ptx=False, options=False):
-    """The extension for the compute capabilities `archs` (["90"]): machine code for each, or (ptx)
-    only PTX, which the driver compiles for the GPU at hand (how the tests run sm_75's code on a newer
-    GPU); `options`, the options build."""
-    codes = [f"compute_{arch}" if ptx else f"sm_{arch}" for arch in archs]
-    return load_inline(
-        name="crossent_" + "_".join(codes) + ("_options" if options else ""),
+def _build(targets, options=False):
+    """The extension for `targets`, (compute capability, code) pairs such as ("90", "sm_90"): machine
+    code (sm_), or PTX (compute_), which the driver compiles for the GPU at hand (how the tests run
+    sm_75's code on a newer GPU); `options`, the options build. One line on stderr says when a build
+    starts; builds of one extension take turns (_build_lock)."""
+    name = "crossent_" + "_".join(code for _, code in targets) + ("_options" if options else "")
+    arguments = dict(
+        name=name,
         cpp_sources=[cpp_source(options)],
         cuda_sources=[cuda_source(options)],
         extra_cflags=["-O2"],
-        extra_cuda_cflags=nvcc_flags(
-            [f"-gencode=arch=compute_{arch},code={code}" for arch, code in zip(archs, codes)],
-            os.path.join(CUDA_HOME, "bin", "ptxas") if CUDA_HOME else None),
+        extra_cuda_cflags=nvcc_flags([f"-gencode=arch=compute_{arch},code={code}" for arch, code in targets],
+                                     os.path.join(CUDA_HOME, "bin", "ptxas") if CUDA_HOME else None),
         verbose=False,
         **_build_options(),
     )
+    directory = _get_build_directory(name, False)
+    digest = hashlib.sha256(repr((sorted(arguments.items()), torch.__version__)).encode()).hexdigest()
+    stamp = os.path.join(directory, "crossent.stamp")
+    with _build_lock(directory):
+        if not os.path.exists(stamp) or open(stamp).read() != digest:
+            print(f"crossent: building the {'options' if options else 'default'} kernels for "
+                  f"{', '.join(code for _, code in targets)}, once (about {'a minute' if options else 'half a minute'} "
+                  f"on 16 cores, longer on fewer: MAX_JOBS); cached in {directory} (TORCH_EXTENSIONS_DIR)",
+                  file=sys.stderr, flush=True)
+        module = load_inline(**arguments)
+        with open(stamp, "w") as f:
+            f.write(digest)
+    return module
+
+
+@contextlib.contextmanager
+def _build_lock(directory):
+    """One build of an extension at a time, across threads and processes: an exclusive flock on
+    crossent.lock in its directory, which the system releases when its holder dies. Every build of
+    these extensions takes it first, so a torch build lock ("lock", which torch never takes over)
+    found while holding it was left by a build that died: removed, with a line saying so. Without
+    flock (Windows), torch's lock alone."""
+    if os.name != "posix":
+        yield
+        return
+    import fcntl
+    with open(os.path.join(directory, "crossent.lock"), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        stale = os.path.join(directory, "lock")
+        if os.path.exists(stale):
+            print(f"crossent: removing {stale}, left by a build that did not finish", file=sys.stderr, flush=True)
+            os.remove(stale)
+        yield  # closing the file releases the flock
+
+
+# TORCH_CUDA_ARCH_LIST's names, as torch reads them, and the compute capabilities they stand for.
+_NAMED_ARCHS = {"Turing": "7.5", "Ampere": "8.0;8.6", "Ada": "8.9", "Hopper": "9.0", "Blackwell": "10.0;12.0"}
+
+
+def arch_targets(arch_list):
+    """TORCH_CUDA_ARCH_LIST's text ("8.0;9.0+PTX", "8.6 9.0", "Hopper") as (capability, code) pairs of
+    7.5 and newer, the kernels' least: machine code for each, and PTX too where "+PTX" asks."""
+    for name, archs in _NAMED_ARCHS.items():
+        arch_list = arch_list.replace(name, archs)
+    targets = []
+    for entry in re.split(r"[;\s,]+", arch_list.strip()):
+        found = re.fullmatch(r"(\d+)\.(\d+)(a?)(\+PTX)?", entry)
+        if not found:
+            raise ValueError(f"TORCH_CUDA_ARCH_LIST: cannot read {entry!r} in {arch_list!r}")
+        major, minor, suffix, ptx = found.groups()
+        if (int(major), int(minor)) < (7, 5):
+            continue
+        arch = f"{major}{minor}{suffix}"
+        targets += [(arch, f"sm_{arch}")] + ([(arch, f"compute_{arch}")] if ptx else [])
+    if not targets:
+        raise ValueError(f"TORCH_CUDA_ARCH_LIST={arch_list!r} names no compute capability of 7.5 or newer")
+    return tuple(targets)
+
+
+def _covers(targets, capability):
+    """Whether code for `targets` runs on a GPU of `capability`: machine code of its major version and
+    no newer minor (an "a" variant: its own capability alone), or PTX no newer than it."""
+    for arch, code in targets:
+        major, minor, variant = re.fullmatch(r"(\d+?)(\d)(a?)", arch).groups()
+        built = (int(major), int(minor))
+        if variant:
+            if built == capability:
+                return True
+        elif built <= capability and (code.startswith("compute_") or built[0] == capability[0]):
+            return True
+    return False
 
 
 @functools.lru_cache(maxsize=None)
-def _archs():
-    """What the builds compile for: the current GPU, and every other visible one of a different
-    supported architecture (a host may mix them)."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("the cross-entropy kernels need a CUDA GPU, and none is visible")
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) < (7, 5):
-        raise RuntimeError(f"the cross-entropy kernel needs a GPU of compute capability 7.5 (Turing: T4) or newer; "
-                           f"this one ({torch.cuda.get_device_name()}) has {major}.{minor}")
-    visible = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())} | {(major, minor)}
-    return tuple(f"{a}{b}" for a, b in sorted(visible) if (a, b) >= (7, 5))
+def kernels_run_on(device_index):
+    """Whether the kernels run on GPU device_index: compute capability 7.5 (Turing) or newer."""
+    return torch.cuda.get_device_capability(device_index) >= (7, 5)
+
+
+@functools.lru_cache(maxsize=None)
+def _targets():
+    """What the builds compile for: TORCH_CUDA_ARCH_LIST's capabilities where it is set (it must cover
+    the GPUs present), else the current GPU's and every other visible one's of a different supported
+    architecture (a host may mix them), as machine code."""
+    arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    visible = set()
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        if (major, minor) < (7, 5):
+            raise RuntimeError(f"the cross-entropy kernel needs a GPU of compute capability 7.5 (Turing: T4) or "
+                               f"newer; this one ({torch.cuda.get_device_name()}) has {major}.{minor}")
+        visible = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())} | {(major, minor)}
+    if arch_list and arch_list != "native":
+        targets = arch_targets(arch_list)
+        missed = sorted(c for c in visible if c >= (7, 5) and not _covers(targets, c))
+        if missed:
+            raise RuntimeError(f"TORCH_CUDA_ARCH_LIST={arch_list!r} leaves out the GPUs present of compute capability "
+                               f"{', '.join(f'{a}.{b}' for a, b in missed)}: add them, or unset it")
+        return targets
+    if not visible:
+        raise RuntimeError("the cross-entropy kernels need a CUDA GPU, and none is visible (or TORCH_CUDA_ARCH_LIST "
+                           "to build for, ahead: prebuild)")
+    return tuple((f"{a}{b}", f"sm_{a}{b}") for a, b in sorted(visible) if (a, b) >= (7, 5))
 
 
 @functools.lru_cache(maxsize=None)
 def default_extension():
     """The kernels KernelBench's problem runs: the defaults' families, no run-time options."""
-    return _build(list(_archs()))
+    return _build(_targets())
 
 
 @functools.lru_cache(maxsize=None)
 def options_extension():
     """The same kernels with run-time options, and the streamed, gradient and fused families; built on
     their first use, so that the default build never waits for it and keeps its machine code."""
-    return _build(list(_archs()), options=True)
+    return _build(_targets(), options=True)
+
+
+def prebuild():
+    """Both builds now, rather than on first use (for an image or before a cluster job starts): for
+    the GPUs present, or for TORCH_CUDA_ARCH_LIST's capabilities, which needs no GPU."""
+    default_extension()
+    options_extension()
 
 
 @functools.lru_cache(maxsize=None)

@@ -75,7 +75,7 @@ def load_version(path, tag):
 
 def as_sm75(module):
     """module running the code and the plans a compute capability 7.5 GPU gets, on this GPU."""
-    sm75 = module._build(["75"], ptx=True)
+    sm75 = module._build((("75", "compute_75"),))
     module.default_extension = lambda: sm75
     gpu = module.device_gpu(torch.cuda.current_device())._replace(cc=75)
     module.device_gpu = lambda _: gpu
@@ -132,6 +132,17 @@ OPTION_SETS = {
 }
 
 
+def loss_of(module):
+    """A version's loss with cross_entropy's keywords: its cross_entropy where the bundle has one, else
+    (the bundle of the package's kernel path) kernel_loss with the options checked."""
+    if hasattr(module, "cross_entropy"):
+        return module.cross_entropy
+
+    def loss(x, t, inplace=False, **kwargs):
+        return module.kernel_loss(x, t, module.check_options(**kwargs), False, inplace)
+    return loss
+
+
 def option_outputs(module, x, t, w, opts, seed):
     """What one version returns for one option set: its outputs, and the gradients where it trains."""
     kwargs = {k: v for k, v in opts.items() if k not in ("probs", "kdim", "train", "weight", "lse")}
@@ -139,7 +150,7 @@ def option_outputs(module, x, t, w, opts, seed):
         kwargs["weight"] = w
     x = x.detach().clone().requires_grad_(bool(opts.get("train")))
     y = x * 1 if opts.get("train") else x  # not a leaf, as a model's logits
-    out = module.cross_entropy(y, t, **kwargs)
+    out = loss_of(module)(y, t, **kwargs)
     outs = list(out) if isinstance(out, tuple) else [out]
     if opts.get("train"):
         generator = torch.Generator(device=x.device).manual_seed(seed)
@@ -210,8 +221,8 @@ def timing(base, cand, cases, trials, passes, train=False):
     the best pass's median; `train`, of the training step beside a copy of the logits."""
     device = torch.device("cuda")
     if train:
-        impls = {"floor": run_eval.copy_fn(), "baseline": run_eval.training_step(base.cross_entropy),
-                 "candidate": run_eval.training_step(cand.cross_entropy)}
+        impls = {"floor": run_eval.copy_fn(), "baseline": run_eval.training_step(loss_of(base)),
+                 "candidate": run_eval.training_step(loss_of(cand))}
     else:
         impls = {"floor": run_eval.stream_read_fn(device), "baseline": base.ModelNew(), "candidate": cand.ModelNew()}
     rows = []

@@ -71,36 +71,80 @@ def test_every_table_gives_what_the_driver_is_asked():
 
 
 @pytest.fixture
-def fresh_archs(monkeypatch):
-    """build._archs, cached per process, read afresh under the test's patched torch.cuda, and its
-    cache dropped again before the patches are undone, so that no other test sees the fake GPUs.
-    (The builds' own caches are left alone: the tests call the functions they wrap.)"""
-    build._archs.cache_clear()
-    yield build._archs
-    build._archs.cache_clear()
+def fresh_targets(monkeypatch):
+    """build._targets, cached per process, read afresh under the test's patched torch.cuda and
+    environment, and its cache dropped again before the patches are undone, so that no other test
+    sees the fake GPUs. (The builds' own caches are left alone: the tests call the functions they wrap.)"""
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    build._targets.cache_clear()
+    yield build._targets
+    build._targets.cache_clear()
 
 
-def test_the_build_covers_every_visible_architecture(monkeypatch, fresh_archs):
-    """A host mixing GPUs gets code for each supported one; the current one decides the refusal."""
-    capabilities = {0: (9, 0), 1: (8, 0), 2: (9, 0), 3: (7, 0)}
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+def _fake_gpus(monkeypatch, capabilities):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: bool(capabilities))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(capabilities))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: capabilities[i])
-    monkeypatch.setattr(build, "_build", lambda archs, ptx=False, options=False: (archs, options))
-    assert fresh_archs() == ("80", "90")
-    assert build.default_extension.__wrapped__() == (["80", "90"], False)
-    assert build.options_extension.__wrapped__() == (["80", "90"], True)
-
-
-def test_a_gpu_older_than_sm75_is_refused_by_name(monkeypatch, fresh_archs):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100-SXM2-16GB")
+    monkeypatch.setattr(build, "_build", lambda targets, options=False: (targets, options))
+
+
+def test_the_build_covers_every_visible_architecture(monkeypatch, fresh_targets):
+    """A host mixing GPUs gets code for each supported one; the current one decides the refusal."""
+    _fake_gpus(monkeypatch, {0: (9, 0), 1: (8, 0), 2: (9, 0), 3: (7, 0)})
+    expected = (("80", "sm_80"), ("90", "sm_90"))
+    assert fresh_targets() == expected
+    assert build.default_extension.__wrapped__() == (expected, False)
+    assert build.options_extension.__wrapped__() == (expected, True)
+
+
+def test_a_gpu_older_than_sm75_is_refused_by_name(monkeypatch, fresh_targets):
+    _fake_gpus(monkeypatch, {0: (7, 0)})
     monkeypatch.setattr(build, "_build", lambda *a, **k: pytest.fail("built for an unsupported GPU"))
     refusal = r"compute capability 7\.5 \(Turing: T4\) or newer; this one \(Tesla V100-SXM2-16GB\) has 7\.0"
-    for call in (fresh_archs, build.default_extension.__wrapped__, build.options_extension.__wrapped__):
+    for call in (fresh_targets, build.default_extension.__wrapped__, build.options_extension.__wrapped__):
         with pytest.raises(RuntimeError, match=refusal):
             call()
+
+
+def test_torch_cuda_arch_list_is_read_as_torch_reads_it():
+    assert build.arch_targets("8.0;9.0") == (("80", "sm_80"), ("90", "sm_90"))
+    assert build.arch_targets("7.0 7.5 8.6+PTX") == (("75", "sm_75"), ("86", "sm_86"), ("86", "compute_86"))
+    assert build.arch_targets("Ampere;Hopper") == (("80", "sm_80"), ("86", "sm_86"), ("90", "sm_90"))
+    assert build.arch_targets("9.0a") == (("90a", "sm_90a"),)
+    for bad in ("6.1", "sm_90", "9"):
+        with pytest.raises(ValueError, match="TORCH_CUDA_ARCH_LIST"):
+            build.arch_targets(bad)
+
+
+def test_torch_cuda_arch_list_decides_the_build_and_must_cover_the_gpus(monkeypatch, fresh_targets):
+    """Set, it is what both builds compile for, with no GPU at all (prebuild for an image), and it
+    must cover the GPUs present: machine code of their major version and no newer minor, or PTX."""
+    _fake_gpus(monkeypatch, {})
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+    assert fresh_targets() == (("80", "sm_80"), ("90", "sm_90"))
+    built = []
+    monkeypatch.setattr(build, "_build", lambda targets, options=False: built.append((targets, options)))
+    build.default_extension.cache_clear(), build.options_extension.cache_clear()
+    build.prebuild()
+    build.default_extension.cache_clear(), build.options_extension.cache_clear()
+    assert built == [(fresh_targets(), False), (fresh_targets(), True)]
+    for arch_list, capability, covered in [("8.0", (8, 6), True), ("8.6", (8, 0), False), ("8.0", (9, 0), False),
+                                           ("8.0+PTX", (9, 0), True), ("9.0a", (9, 0), True), ("9.0a", (10, 0), False)]:
+        build._targets.cache_clear()
+        _fake_gpus(monkeypatch, {0: capability})
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
+        if covered:
+            assert fresh_targets() == build.arch_targets(arch_list)
+        else:
+            with pytest.raises(RuntimeError, match="leaves out the GPUs present"):
+                fresh_targets()
+
+
+def test_no_gpu_and_no_arch_list_says_so(monkeypatch, fresh_targets):
+    _fake_gpus(monkeypatch, {})
+    with pytest.raises(RuntimeError, match="none is visible"):
+        fresh_targets()
 
 
 # ------------------------------------------------------------------ on the GPU
@@ -139,7 +183,7 @@ def test_each_gpus_plans_run_correctly_here(model, policy, name):
 
 @pytest.fixture(scope="module")
 def sm75_code():
-    return build._build(["75"], ptx=True)
+    return build._build((("75", "compute_75"),))
 
 
 @pytest.mark.gpu
