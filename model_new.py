@@ -20,7 +20,7 @@ import re
 import struct
 import subprocess
 import sys
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch.utils.cpp_extension import CUDA_HOME, _get_build_directory, load_inline
@@ -509,7 +509,7 @@ layout (native alignment, as the C++ compiler lays it out); and the workspace a 
 PARAMS = (
     ("logits", "const void*", "Q", "the first logit"),
     ("targets", "const void*", "Q", "the first target"),
-    ("out", "void*", "Q", "the mean: one element of the logits' dtype"),
+    ("out", "void*", "Q", "the mean: one element of the logits' dtype (float32 where float32_out)"),
     ("counter", "unsigned int*", "Q", "[0]: CTAs arrived, modulo gridDim.x; [1]: chunks claimed"),
     ("ignored_rows", "unsigned long long*", "Q", "whole rows whose target is ignore_index"),
     ("exact", "unsigned long long*", "Q", "whole rows: the losses' exact sum"),
@@ -539,7 +539,8 @@ PARAMS = (
     # The options build's alone (kOptions); last, so that the default build's fields keep their places.
     ("ignore_index", "long long", "q", "targets to skip"),
     ("reduction", "int", "i", "kReductionMean, kReductionSum or kReductionNone"),
-    ("losses", "void*", "Q", "reduction none: a loss per row, in the logits' dtype"),
+    ("float32_out", "bool", "?", "the result (out) in float32 rather than the logits' dtype"),
+    ("losses", "float*", "Q", "reduction none: a loss per row, in float32"),
     ("weight", "const void*", "Q", "class weights, C of the logits' dtype; null: none"),
     ("weight_exact", "unsigned long long*", "Q", "weighted: the counted rows' weights' exact sum"),
     ("row_state", "float2*", "Q", "every row's (m, s), its max and sum of exp: its log-sum-exp m + log s, which "
@@ -1355,6 +1356,17 @@ __device__ __forceinline__ Total whole_rows_total(const Params& p) {
   return {sum, weighted(p) ? exact_sum(p.weight_exact) : double(p.rows - ignored_rows)};
 }
 
+// The result stored: in the format O (the logits', or the promoted one of probability targets), or in
+// float32 where the options build is asked for it (float32_out: autocast's loss from 16-bit logits).
+template <class O>
+__device__ __forceinline__ void store_out(const Params& p, float v) {
+  if (kOptions && p.float32_out) {
+    *static_cast<float*>(p.out) = v;
+  } else {
+    O::store(p.out, v);
+  }
+}
+
 // The result from the CTA's total, in thread 0: the mean, or in the options build the sum (or
 // nothing, for reduction none). It also leaves the ignored rows' count at zero for the next launch.
 template <class E>
@@ -1363,7 +1375,7 @@ __device__ __forceinline__ void store_result(const Params& p, Total total) {
     *p.ignored_rows = 0;
     if (kOptions && p.reduction == kReductionNone) return;
     const bool sum = kOptions && p.reduction == kReductionSum;
-    E::store(p.out, float(sum ? total.sum : total.sum / total.divisor));  // nothing counted: 0/0 = NaN
+    store_out<E>(p, float(sum ? total.sum : total.sum / total.divisor));  // nothing counted: 0/0 = NaN
   }
 }
 
@@ -1413,9 +1425,9 @@ __device__ __forceinline__ float copied_class_weight(const uint32_t* slot, const
 }
 
 // What the options build adds to a row's loss in every family: z_loss * lse^2 where the row counts
-// (code >= 0), every row's (m, s) where asked, and its loss for reduction none (0 where ignored),
-// stored in the format O, the result's.
-template <class O>
+// (code >= 0), every row's (m, s) where asked, and its loss for reduction none (0 where ignored), in
+// float32: one store with no conversion, which the host rounds to the result's dtype where that is
+// narrower (a branch on the dtype here costs 16-bit rows kernels spills).
 __device__ __forceinline__ float finish_row(const Params& p, long long row, long long code, Lse st, float log_s,
                                             float loss) {
   if (p.z_loss != 0.f && code >= 0) {  // guarded: 0 * inf would be NaN
@@ -1424,7 +1436,7 @@ __device__ __forceinline__ float finish_row(const Params& p, long long row, long
   }
   if (p.row_state) p.row_state[row] = make_float2(st.m, st.s);
   if (p.reduction == kReductionNone)
-    O::store(static_cast<typename O::Storage*>(p.losses) + row, code == kTargetIgnored ? 0.f : loss);
+    p.losses[row] = code == kTargetIgnored ? 0.f : loss;
   return loss;
 }
 
@@ -1442,7 +1454,7 @@ __device__ __forceinline__ float row_outcome(const Params& p, long long row, lon
   if (smoothing(p) && code >= 0) {
     loss = fmaf(1.f - p.label_smoothing, loss, p.smoothing_per_class * fmaf(gap.weight, log_s, gap.sum));
   }
-  return finish_row<E>(p, row, code, st, log_s, loss);
+  return finish_row(p, row, code, st, log_s, loss);
 }
 
 // A finished row in its group's leader, for the chunk's sums: its loss (row_outcome's) and class
@@ -2117,7 +2129,7 @@ __global__ void __launch_bounds__(kOneRowCta) cross_entropy_one_row_kernel(const
       } else if (p.reduction != kReductionNone) {
         const bool ignored = code == kTargetIgnored;
         const float sum = ignored ? 0.f : loss;
-        E::store(p.out, p.reduction == kReductionMean ? sum / (ignored ? 0.f : weight) : sum);
+        store_out<E>(p, p.reduction == kReductionMean ? sum / (ignored ? 0.f : weight) : sum);
       }
     }
   }
@@ -3150,7 +3162,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
     if (live && lane == 0) {
       if constexpr (kProbs) {
         const float log_s = logf(st.s);
-        loss = finish_row<O>(p, row, 0, st, log_s, fmaf(gap.weight, log_s, gap.sum));
+        loss = finish_row(p, row, 0, st, log_s, fmaf(gap.weight, log_s, gap.sum));
       } else {
         count_row(code, row_outcome<E>(p, row, code, st, x_t, w_t, gap), w_t, loss, weight, ignored);
       }
@@ -3681,13 +3693,14 @@ struct FusedLoss : torch::autograd::Function<FusedLoss> {
                                int64_t gradient_group, int64_t gradient_grid, const std::vector<int64_t>& loss_shape) {
     Params p = unpack_params(block);
     const auto f32 = logits.options().dtype(at::kFloat);
-    const at::Tensor loss = at::empty(loss_shape, logits.options());
+    const bool none = p.reduction == kReductionNone;  // a loss per row, which the kernel writes in float32
+    at::Tensor loss = at::empty(loss_shape, p.float32_out || none ? f32 : logits.options());
     const at::Tensor state = at::empty({int64_t(p.rows), 2}, f32);
     const at::Tensor dx = empty_gradient(logits);
     const at::Tensor scale = p.reduction == kReductionMean ? at::empty({}, f32) : at::Tensor();  // 1 / divisor
     const at::Tensor weight_total = weight && p.label_smoothing != 0.f ? weight->sum(at::kFloat) : at::Tensor();
     p.out = loss.data_ptr();
-    p.losses = p.reduction == kReductionNone ? loss.data_ptr() : nullptr;
+    p.losses = none ? loss.data_ptr<float>() : nullptr;
     p.row_state = pointer<float2>(state);
     p.grad = dx.data_ptr();
     p.grad_out = pointer<float>(scale);
@@ -3701,6 +3714,7 @@ struct FusedLoss : torch::autograd::Function<FusedLoss> {
     ctx->saved_data["params"] = pack(p);
     ctx->saved_data["written"] = dx;  // for an incoming 1: the first backward's
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined: no work for it
+    if (none && !p.float32_out) loss = loss.to(logits.scalar_type());  // rounded as the kernel would
     return {loss, state};
   }
 
@@ -3986,7 +4000,7 @@ tensors with clearer messages, and the logits and targets as the kernels read th
 position (prepare). Nothing here launches or needs a GPU."""
 
 
-_TARGET_DTYPES = (torch.int64, torch.int32)
+TARGET_DTYPES = (torch.int64, torch.int32)
 _FLOAT32 = torch.finfo(torch.float32)
 
 
@@ -4000,15 +4014,24 @@ class Options(NamedTuple):
     return_lse: bool = False     # also return every row's log-sum-exp, in float32
     label_smoothing: float = 0.0
     softcap: float = 0.0         # each logit x read as softcap * tanh(x / softcap); 0: as it is
+    float32_loss: bool = False   # the loss in float32 from 16-bit logits, as autocast gives it
 
 
 DEFAULTS = Options()
 
 
+def _number(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number; got {value!r}")
+    return float(value)
+
+
 def check_options(weight=None, ignore_index=IGNORE_INDEX, reduction="mean", z_loss=0.0, return_lse=False,
                   label_smoothing=0.0, softcap=None):
     """The options as the dispatch takes them (DEFAULTS itself where every one is the default), or
-    the error PyTorch gives."""
+    the error PyTorch gives for the same mistake: ValueError for the reduction, TypeError for an
+    argument of the wrong type, RuntimeError for label smoothing over 1 (under 0 it is none, as in
+    PyTorch)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"{reduction} is not a valid value for reduction")
     if isinstance(ignore_index, bool) or not hasattr(ignore_index, "__index__"):
@@ -4017,15 +4040,14 @@ def check_options(weight=None, ignore_index=IGNORE_INDEX, reduction="mean", z_lo
         raise TypeError(f"ignore_index must be an int64 integer; got {ignore_index!r}")
     if weight is not None and not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight must be a tensor or None; got {type(weight).__name__}")
-    if isinstance(z_loss, bool) or not isinstance(z_loss, (int, float)) or not math.isfinite(z_loss):
+    if not math.isfinite(_number("z_loss", z_loss)):
         raise ValueError(f"z_loss must be a finite number; got {z_loss!r}")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) or not 0 <= label_smoothing <= 1:
-        raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
-    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
-                                or not _FLOAT32.tiny <= softcap <= _FLOAT32.max):  # the kernels' float32
+    if _number("label_smoothing", label_smoothing) > 1:
+        raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    if softcap is not None and not _FLOAT32.tiny <= _number("softcap", softcap) <= _FLOAT32.max:  # the kernels' float32
         raise ValueError(f"softcap must be None or a positive number in float32's normal range; got {softcap!r}")
     options = Options(weight, operator.index(ignore_index), reduction, float(z_loss), bool(return_lse),
-                      float(label_smoothing), float(softcap or 0.0))
+                      float(label_smoothing) if label_smoothing > 0 else 0.0, float(softcap or 0.0))
     return DEFAULTS if weight is None and options[1:] == DEFAULTS[1:] else options
 
 
@@ -4033,12 +4055,12 @@ def check_weight(weight, logits):
     """The class weights as the kernels read them, or PyTorch's error: C of the logits' dtype."""
     cols = logits.shape[1]
     if weight.dim() != 1 or weight.shape[0] != cols:
-        raise ValueError(f"weight tensor should be defined either for all {cols} classes or no classes but got "
+        raise RuntimeError(f"weight tensor should be defined either for all {cols} classes or no classes but got "
                          f"weight tensor of shape: {list(weight.shape)}")
     if weight.dtype != logits.dtype:
-        raise TypeError(f"expected scalar type {logits.dtype} but found {weight.dtype} (weight)")
+        raise RuntimeError(f"expected scalar type {logits.dtype} but found {weight.dtype} (weight)")
     if weight.device != logits.device:
-        raise ValueError(f"weight is on {weight.device}, the logits on {logits.device}")
+        raise RuntimeError(f"weight is on {weight.device}, the logits on {logits.device}")
     return weight.contiguous()
 
 
@@ -4053,47 +4075,53 @@ def samples_shape(shape):
 
 
 def check_inputs(logits, targets):
-    """PyTorch's checks, with clearer messages; returns whether the targets are class probabilities."""
+    """PyTorch's checks, with clearer messages and PyTorch's exception types (ValueError for batch
+    sizes that differ, RuntimeError for the rest; TypeError for what is not a tensor), and the refusals
+    of what only the kernels do not take (other devices and dtypes: RuntimeError). Returns whether the
+    targets are class probabilities."""
     # Each tensor attribute is read once or twice: this runs on every call, ahead of the launch.
     if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
         raise TypeError("cross_entropy expects two tensors: logits and targets")
     if logits.dtype not in DTYPE_CODES:
-        raise TypeError(f"logits must be float32, bfloat16 or float16; got {logits.dtype}")
+        raise RuntimeError(f"the kernels take float32, bfloat16 or float16 logits; got {logits.dtype}")
     probs = targets.dtype.is_floating_point
     if probs and targets.dtype not in DTYPE_CODES:
-        raise TypeError(f"class-probability targets must be float32, bfloat16 or float16; got {targets.dtype}")
-    if not probs and targets.dtype not in _TARGET_DTYPES:
-        raise TypeError(f"class-index targets must be int64 or int32; got {targets.dtype}")
-    if not (logits.is_cuda and targets.is_cuda):
-        raise ValueError(f"logits and targets must be CUDA tensors; got {logits.device} and {targets.device}")
-    if logits.get_device() != targets.get_device():
-        raise ValueError(f"logits and targets are on different devices: {logits.device} and {targets.device}")
+        raise RuntimeError(f"the kernels take float32, bfloat16 or float16 class-probability targets; "
+                           f"got {targets.dtype}")
+    if not probs and targets.dtype not in TARGET_DTYPES:
+        raise RuntimeError(f"the kernels take int64 or int32 class-index targets; got {targets.dtype}")
     shape, target_shape = logits.shape, targets.shape
     if not shape:
-        raise ValueError("logits must have shape (C,), (N, C) or (N, C, d1, ..., dk); got a 0-dim tensor")
+        raise RuntimeError("logits must have shape (C,), (N, C) or (N, C, d1, ..., dk); got a 0-dim tensor")
     if probs and target_shape != shape:
-        raise ValueError(f"class-probability targets must have the logits' shape {tuple(shape)}; got {tuple(target_shape)}")
+        raise RuntimeError(f"class-probability targets must have the logits' shape {tuple(shape)}; "
+                           f"got {tuple(target_shape)}")
     if not probs and target_shape != samples_shape(shape):
         if len(shape) > 1 and len(target_shape) == len(shape) - 1 and target_shape[0] != shape[0]:
             raise ValueError(f"batch sizes differ: logits have {shape[0]} samples, targets {target_shape[0]}")
-        raise ValueError(f"class-index targets must have shape {tuple(samples_shape(shape))} for logits "
-                         f"{tuple(shape)}; got {tuple(target_shape)}")
+        raise RuntimeError(f"class-index targets must have shape {tuple(samples_shape(shape))} for logits "
+                           f"{tuple(shape)}; got {tuple(target_shape)}")
     cols = shape[1] if len(shape) > 1 else shape[0]
     if cols == 0:
-        raise ValueError("logits have no classes (C = 0)")
+        raise IndexError("logits have no classes (C = 0): every target is out of bounds")
     if cols > MAX_SEG * SEG_SLAB:
-        raise ValueError(f"logits have {cols} classes; at most {MAX_SEG * SEG_SLAB} are supported")
+        raise RuntimeError(f"logits have {cols} classes; the kernels take at most {MAX_SEG * SEG_SLAB}")
+    if not (logits.is_cuda and targets.is_cuda):
+        raise RuntimeError(f"the kernels take CUDA tensors; got logits on {logits.device} and targets on "
+                           f"{targets.device}")
+    if logits.get_device() != targets.get_device():
+        raise RuntimeError(f"logits and targets are on different devices: {logits.device} and {targets.device}")
     return probs
 
 
 def first_bad_target(targets, cols, ignore_index):
-    """Raises ValueError naming the first row whose target is outside [0, C) and not ignore_index,
+    """Raises IndexError (PyTorch's) naming the first row whose target is outside [0, C) and not ignore_index,
     comparing in 64 bits as the kernels do (an int32 tensor against a wider int would wrap it)."""
     targets = targets.long()
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= cols))
     if bool(bad.any()):
         row = int(bad.reshape(-1).nonzero()[0, 0])
-        raise ValueError(f"targets[{row}] = {int(targets.reshape(-1)[row])} is outside [0, {cols}) "
+        raise IndexError(f"targets[{row}] = {int(targets.reshape(-1)[row])} is outside [0, {cols}) "
                          f"and is not the ignore index {ignore_index}")
 
 
@@ -4149,7 +4177,7 @@ class Rows(NamedTuple):
     class_stride: int        # elements from a class to the next
     rows: int                # sample positions
     cols: int                # classes
-    result_dtype: torch.dtype
+    result_dtype: torch.dtype  # the loss's: the logits', the promoted one of probabilities, or float32 (float32_loss)
     weight: Optional[torch.Tensor]  # the class weights, checked (check_weight)
     original: torch.Tensor   # the logits as given
     device: int              # their CUDA device's index
@@ -4161,14 +4189,16 @@ def prepare(logits, targets, options):
     probs = check_inputs(logits, targets)
     original = logits
     logits, targets, class_stride, rows, result_dtype = as_rows(logits, targets, probs)
+    if options.float32_loss:
+        result_dtype = torch.float32
     if probs and options.ignore_index >= 0:
-        raise ValueError("ignore_index is not supported for class-probability targets")
+        raise RuntimeError("ignore_index is not supported for class-probability targets")
     weight = options.weight
     if weight is not None:
         weight = check_weight(weight, logits)
     cols = logits.shape[1]
     if (options.label_smoothing or options.softcap or probs or class_stride > 1) and cols > MAX_SEG:
-        raise ValueError(f"label smoothing, softcap, probability targets and inputs (N, C, d1, ..., dk) take at most "
+        raise RuntimeError(f"label smoothing, softcap, probability targets and inputs (N, C, d1, ..., dk) take at most "
                          f"{MAX_SEG} classes; got {cols}")
     return Rows(logits, targets, probs, class_stride, rows, cols, result_dtype, weight, original, logits.get_device())
 
@@ -4253,11 +4283,11 @@ _NOTHING = Outputs()  # a launch whose outputs the training node allocates
 
 def allocate(rows, plan, options, keep_state, inplace=False):
     """The launch's outputs: the loss (a row's for reduction none, which the kernel writes instead of
-    the result), every row's (m, s) where kept, and for the fused family its gradient (`inplace`: the
+    the result, in float32: _launch rounds it to the result's dtype), every row's (m, s) where kept, and for the fused family its gradient (`inplace`: the
     logits themselves) with the mean's scale and the weights' sum it reads."""
     device = rows.logits.device
     none = options.reduction == "none"
-    out = torch.empty((rows.rows,) if none else (), dtype=rows.result_dtype, device=device)
+    out = torch.empty((rows.rows,) if none else (), dtype=torch.float32 if none else rows.result_dtype, device=device)
     state = torch.empty((rows.rows, 2), dtype=torch.float32, device=device) if keep_state else None
     if plan.family != FUSED:
         return Outputs(out, state)
@@ -4317,6 +4347,7 @@ def pack(rows, plan, options, outputs, stream, ws):
         stream,                                            # stream
         options.ignore_index,                              # ignore_index
         REDUCTIONS[options.reduction],                     # reduction
+        options.float32_loss,                              # float32_out
         out_ptr if none else 0,                            # losses
         0 if weight is None else weight.data_ptr(),        # weight
         base + weight_off,                                 # weight_exact
@@ -4353,8 +4384,10 @@ def _launch(rows, plan, options, check_targets, keep_state, inplace=False):
     default = options is DEFAULTS and not keep_state and not rows.probs and rows.class_stride == 1
     (default_extension() if default else options_extension()).launch(block)
     out = outputs.out
-    if options.reduction == "none" and len(rows.original.shape) != 2:  # per row: back to the samples' shape
-        out = out.reshape(samples_shape(rows.original.shape))
+    if options.reduction == "none":  # per row: in the result's dtype, in the samples' shape
+        out = out.to(rows.result_dtype)
+        if len(rows.original.shape) != 2:
+            out = out.reshape(samples_shape(rows.original.shape))
     return out, outputs
 
 
@@ -4381,7 +4414,7 @@ class Written(NamedTuple):
 
 def _check_trains(rows):
     if rows.cols > MAX_SEG:
-        raise ValueError(f"the gradient takes at most {MAX_SEG} classes; got {rows.cols}")
+        raise RuntimeError(f"the gradient takes at most {MAX_SEG} classes; got {rows.cols}")
 
 
 def train_forward(logits, targets, options, check_targets=False, fuse=False, inplace=False):
@@ -4392,7 +4425,7 @@ def train_forward(logits, targets, options, check_targets=False, fuse=False, inp
     rows = prepare(logits, targets, options)
     _check_trains(rows)
     if inplace and rows.logits.data_ptr() != rows.original.data_ptr():
-        raise ValueError("inplace=True writes the gradient where the kernels read the logits; these were copied "
+        raise RuntimeError("inplace=True writes the gradient where the kernels read the logits; these were copied "
                          "first (their classes are not adjacent, nor the contiguous (N, C, d1, ..., dk)): "
                          "give them contiguous, or leave inplace off")
     if inplace and rows.rows > 1 and rows.class_stride == 1 and rows.logits.stride(0) < rows.cols:
@@ -4618,29 +4651,29 @@ OP_NAMESPACE = _op_namespace()
 def _flat(options):
     """The options as the operators' schema takes them (return_lse stays with the caller)."""
     return options.weight, options.ignore_index, options.reduction, options.label_smoothing, options.z_loss, \
-        options.softcap
+        options.softcap, options.float32_loss
 
 
-def _options(weight, ignore_index, reduction, label_smoothing, z_loss, softcap):
-    return Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap)
+def _options(weight, ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss):
+    return Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap, float32_loss)
 
 
 def _forward(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
-             reduction: str, label_smoothing: float, z_loss: float, softcap: float,
+             reduction: str, label_smoothing: float, z_loss: float, softcap: float, float32_loss: bool,
              check_targets: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """(loss, state): the loss and every row's (m, s), what the gradient reads (and the log-sum-exp's:
     dispatch.lse, whose gradient reaches the state's first column)."""
-    options = _options(weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    options = _options(weight, ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss)
     loss, state, _ = train_forward(input, target, options, check_targets)
     return loss, state
 
 
 def _backward(grad: torch.Tensor, grad_lse: Optional[torch.Tensor], input: torch.Tensor, target: torch.Tensor,
               state: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int, reduction: str,
-              label_smoothing: float, z_loss: float, softcap: float,
+              label_smoothing: float, z_loss: float, softcap: float, float32_loss: bool,
               target_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """(d loss / d input, d loss / d target): the latter empty unless target_grad."""
-    options = _options(weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    options = _options(weight, ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss)
     dx, dq = cross_entropy_backward(grad, grad_lse, input, target, state, options, target_grad)
     return dx, dq if dq is not None else input.new_empty(0)
 
@@ -4650,17 +4683,18 @@ backward_op = torch.library.custom_op(f"{OP_NAMESPACE}::cross_entropy_backward",
 
 
 @forward_op.register_fake
-def _forward_shapes(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, check_targets):
+def _forward_shapes(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss,
+                    check_targets):
     probs = check_inputs(input, target)
     positions = samples_shape(input.shape)
-    dtype = torch.float32 if probs and target.dtype != input.dtype else input.dtype
+    dtype = torch.float32 if float32_loss or (probs and target.dtype != input.dtype) else input.dtype
     return (input.new_empty(positions if reduction == "none" else (), dtype=dtype),
             input.new_empty((math.prod(positions), 2), dtype=torch.float32))
 
 
 @backward_op.register_fake
 def _backward_shapes(grad, grad_lse, input, target, state, weight, ignore_index, reduction, label_smoothing, z_loss,
-                     softcap, target_grad):
+                     softcap, float32_loss, target_grad):
     dq = empty_gradient(input, target.dtype) if target_grad else input.new_empty(0)
     return empty_gradient(input, input.dtype), dq
 
@@ -4675,7 +4709,7 @@ def _backward_through_op(grad, grad_lse, input, target, state, options, target_g
 
 
 def _gradients(ctx, grad, grad_state):
-    return *input_gradients(ctx, grad, grad_state, _backward_through_op), *[None] * 7
+    return *input_gradients(ctx, grad, grad_state, _backward_through_op), *[None] * 8
 
 
 forward_op.register_autograd(_gradients, setup_context=_setup_context)
@@ -4687,17 +4721,42 @@ def compiled_loss(input, target, options, check_targets):
 
 
 # ==========================================================================================
-# crossent/api.py
-"""The public API: cross_entropy, PyTorch's functional loss with its options and a few more, and
-ModelNew, KernelBench's module (problem 95 with no arguments). Each call goes to the launch alone
-where nothing trains (dispatch.forward), to the training node or the autograd.Function where the
-logits or probabilities require grad in eager mode, and to the custom operator under torch.compile."""
+# crossent/loss.py
+"""The loss through the kernels, which every public entry calls (kernel_loss), and ModelNew,
+KernelBench's module (problem 95 with no arguments). A call goes to the launch alone where nothing
+trains (dispatch.forward), to the training node or the autograd.Function where the logits or
+probabilities require grad in eager mode, and to the custom operator under torch.compile. This is
+the last module model_new.py bundles: it never hands a call to PyTorch's operations."""
 
 
-def _loss(input, target, options: Options, check_targets, inplace=False):
-    """The loss (and lse, where asked): with its gradient where one is wanted (through the custom
-    operator where torch.compile traces, which is not in place), else the launch alone, with no
-    log-sum-exp saved and the logits untouched."""
+def kernel_loss(input, target, options: Options, check_targets, inplace=False):
+    """The loss (and lse, where asked) by the kernels, for every public entry. Under autocast, 16-bit
+    logits give a float32 loss (autocast's cross-entropy's dtype), read as they are."""
+    if torch.is_autocast_enabled("cuda") and getattr(input, "dtype", None) in (torch.float16, torch.bfloat16):
+        options = options._replace(float32_loss=True)
+    if options.reduction == "mean" and getattr(input, "ndim", 0) == 1 and not options.label_smoothing \
+            and isinstance(target, torch.Tensor) and not target.is_floating_point():
+        return _one_sample_mean(input, target, options, check_targets, inplace)
+    return _kernels(input, target, options, check_targets, inplace)
+
+
+def _one_sample_mean(input, target, options, check_targets, inplace):
+    """The mean of one sample (logits (C,)) as PyTorch's CUDA loss gives it: 0 where its target is
+    ignored (not the 0 / 0 of an empty mean), else its loss (NaN where its class weighs 0). The sum
+    is that, times the class's weight."""
+    result = _kernels(input, target, options._replace(reduction="sum"), check_targets, inplace)
+    if options.weight is None:
+        return result
+    loss, lse = result if options.return_lse else (result, None)
+    divisor = torch.where(target == options.ignore_index, 1, options.weight[target.clamp(0, input.shape[0] - 1)])
+    loss = loss / divisor.to(loss.dtype)
+    return (loss, lse) if options.return_lse else loss
+
+
+def _kernels(input, target, options, check_targets, inplace):
+    """The loss by the kernels: with its gradient where one is wanted (through the custom operator
+    where torch.compile traces, which is not in place), else the launch alone, with no log-sum-exp
+    saved and the logits untouched."""
     compiling = torch.compiler.is_compiling()
     # getattr: anything but a tensor goes on to inputs.check_inputs' error
     wants_grad = getattr(input, "requires_grad", False) or getattr(target, "requires_grad", False)
@@ -4711,7 +4770,7 @@ def _loss(input, target, options: Options, check_targets, inplace=False):
             raise RuntimeError("inplace=True would write the gradient over a leaf that requires grad (or a view of "
                                "one), as PyTorch refuses in-place operations on them")
         if inplace and target.requires_grad:
-            raise ValueError("inplace=True overwrites the logits, and the probability targets' gradient needs them")
+            raise RuntimeError("inplace=True overwrites the logits, and the probability targets' gradient needs them")
         trained = None
         if input.requires_grad and not getattr(target, "requires_grad", False) and not inplace:
             trained = node_forward(input, target, options, check_targets)
@@ -4719,45 +4778,14 @@ def _loss(input, target, options: Options, check_targets, inplace=False):
     return (loss, lse(state, input.shape)) if options.return_lse else loss
 
 
-def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
-                  ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0, *,
-                  z_loss: float = 0.0, softcap: Optional[float] = None, return_lse: bool = False,
-                  inplace: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """PyTorch's cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing), in
-    one launch. input: logits (C,), (N, C) or (N, C, d1, ..., dk), a row per sample position; target:
-    class indices (int64 or int32) of shape (), (N,) or (N, d1, ..., dk), or class probabilities of
-    the input's shape (the result in the promoted dtype, float32 for two different ones). weight: a
-    class weight per column, of the logits' dtype; with class indices the mean then divides by the
-    counted rows' weights, with probabilities by the rows. reduction "none" gives a loss per row
-    (0 where the target is ignored), of the targets' shape for indices; "sum" their sum; "mean" their
-    mean. label_smoothing (eps): the targets mixed with the uniform distribution, (1 - eps) of each
-    row's own plus eps / C of each class, weighted as PyTorch weighs them.
-    Beyond PyTorch: z_loss adds z_loss * lse**2 to each counted row's loss (lse: its log-sum-exp;
-    the mean divides as before); softcap (a positive number) passes every logit through
-    softcap * tanh(x / softcap) first, as Gemma 2 caps its logits, and everything above then reads
-    the capped logits; return_lse=True returns (loss, lse), lse every row's log-sum-exp in float32,
-    ignored rows' too, in the shape of the loss per row.
-    inplace=True: where the logits require grad, the forward writes their gradient over them, so that
-    the step allocates no tensor of their size, and bumps their version: autograd raises where a tensor
-    saved from them would be read (the gradient in their place). The backward hands that storage on,
-    multiplied by the incoming gradient where it is not 1 (16-bit gradients then round twice). It
-    needs logits that are not a leaf, in a layout the kernels read in place (adjacent classes, or the
-    contiguous (N, C, d1, ..., dk)) with no rows that overlap, targets that do not require grad, and no
-    gradient through lse; torch.compile traces the out-of-place loss.
-    A target outside [0, C) other than ignore_index makes its row's loss NaN; with the environment's
-    CROSS_ENTROPY_CHECK_TARGETS=1 a ValueError names the first such row instead, at the cost of a host
-    synchronization."""
-    options = check_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
-    return _loss(input, target, options, check_targets_from_env(), inplace)
-
-
 class ModelNew(torch.nn.Module):
     """Cross-entropy over rows, computed by one fused CUDA kernel, and its gradient by another where
     the logits require grad. With no arguments, KernelBench's problem: the mean, ignore_index -100.
     weight, ignore_index, reduction and label_smoothing as PyTorch's cross-entropy loss module takes
     them (weight is a buffer, moved with the module); z_loss, softcap and inplace as cross_entropy takes
-    them; inputs and targets as cross_entropy takes them. check_targets: the targets' check (see
-    cross_entropy; None: as the environment says)."""
+    them; inputs and targets as cross_entropy takes them, on a GPU: unlike cross_entropy it never hands
+    a call to PyTorch's operations (a RuntimeError says what the kernels do not take). check_targets:
+    the targets' check (see cross_entropy; None: as the environment says)."""
 
     def __init__(self, weight: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0, *, z_loss: float = 0.0, softcap: Optional[float] = None,
@@ -4779,7 +4807,7 @@ class ModelNew(torch.nn.Module):
 
     def forward(self, predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         options = self._options if self.weight is None else self._options._replace(weight=self.weight)
-        return _loss(predictions, targets, options, self.check_targets, self.inplace)
+        return kernel_loss(predictions, targets, options, self.check_targets, self.inplace)
 
 
 # KernelBench builds the kernels at import: the default build, for the GPUs present.

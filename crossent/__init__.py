@@ -6,12 +6,15 @@ soft-capping, the rows' log-sum-exp, the gradient written over the logits).
     loss = cross_entropy(logits, targets, label_smoothing=0.1)
     loss.backward()
 
-ModelNew is the same loss as a module, KernelBench's level 1 problem 95 with no arguments;
-model_new.py in the repository is this package bundled into the one file KernelBench loads
-(tools/bundle.py). The kernels build just in time, on first use, for the GPUs present, or ahead with
-prebuild()."""
-from .api import ModelNew, cross_entropy
+CrossEntropyLoss is nn.CrossEntropyLoss with the same options; both take PyTorch's arguments in
+PyTorch's order, and compute what the kernels do not take (CPU, float64) with PyTorch's operations.
+crossent.hf puts the loss on a Hugging Face transformers model. ModelNew is the loss as KernelBench's
+module, level 1 problem 95 with no arguments, which never falls back; model_new.py in the repository
+is the package's kernel path bundled into the one file KernelBench loads (tools/bundle.py). The
+kernels build just in time, on first use, for the GPUs present, or ahead with prebuild()."""
+from .api import CrossEntropyLoss, cross_entropy
 from .build import prebuild
+from .loss import ModelNew
 
 __version__ = "0.1.0"
-__all__ = ["ModelNew", "cross_entropy", "prebuild"]
+__all__ = ["CrossEntropyLoss", "ModelNew", "cross_entropy", "prebuild"]

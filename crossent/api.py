@@ -1,48 +1,37 @@
-"""The public API: cross_entropy, PyTorch's functional loss with its options and a few more, and
-ModelNew, KernelBench's module (problem 95 with no arguments). Each call goes to the launch alone
-where nothing trains (dispatch.forward), to the training node or the autograd.Function where the
-logits or probabilities require grad in eager mode, and to the custom operator under torch.compile."""
+"""The public API: cross_entropy, PyTorch's functional loss in its argument order with its options and
+a few more, and CrossEntropyLoss, nn.CrossEntropyLoss with the same. The kernels compute what they
+take (loss.kernel_loss); the rest (CPU tensors, float64, other target dtypes, a GPU before Turing),
+PyTorch's operations (composite.composite_loss), with the same semantics. ModelNew, which never
+hands a call to PyTorch, is loss.py's."""
 from typing import Optional, Tuple, Union
 
 import torch
 
-from .autograd import CrossEntropyFunction
-from .dispatch import forward, lse, node_forward
-from .inputs import Options, check_options, check_targets_from_env
-from .ops import compiled_loss
+from .build import kernels_run_on
+from .composite import composite_loss
+from .constants import DTYPE_CODES
+from .inputs import TARGET_DTYPES, Options, check_options, check_targets_from_env
+from .loss import kernel_loss
 
 
-def _loss(input, target, options: Options, check_targets, inplace=False):
-    """The loss (and lse, where asked): with its gradient where one is wanted (through the custom
-    operator where torch.compile traces, which is not in place), else the launch alone, with no
-    log-sum-exp saved and the logits untouched."""
-    compiling = torch.compiler.is_compiling()
-    # getattr: anything but a tensor goes on to inputs.check_inputs' error
-    wants_grad = getattr(input, "requires_grad", False) or getattr(target, "requires_grad", False)
-    if not compiling and not (wants_grad and torch.is_grad_enabled()):
-        return forward(input, target, options, check_targets)
-    if compiling:
-        loss, state = compiled_loss(input, target, options, check_targets)
-    else:
-        inplace = bool(inplace) and input.requires_grad
-        if inplace and (input if input._base is None else input._base).is_leaf:
-            raise RuntimeError("inplace=True would write the gradient over a leaf that requires grad (or a view of "
-                               "one), as PyTorch refuses in-place operations on them")
-        if inplace and target.requires_grad:
-            raise ValueError("inplace=True overwrites the logits, and the probability targets' gradient needs them")
-        trained = None
-        if input.requires_grad and not getattr(target, "requires_grad", False) and not inplace:
-            trained = node_forward(input, target, options, check_targets)
-        loss, state = trained or CrossEntropyFunction.apply(input, target, options, check_targets, inplace)
-    return (loss, lse(state, input.shape)) if options.return_lse else loss
+def kernels_take(input, target, options: Options) -> bool:
+    """Whether the kernels compute this call: CUDA tensors of their dtypes, with classes, class weights
+    of the logits' dtype (under autocast PyTorch takes others), on a GPU they run on."""
+    return (isinstance(input, torch.Tensor) and isinstance(target, torch.Tensor) and input.is_cuda
+            and target.is_cuda and input.dtype in DTYPE_CODES
+            and (target.dtype in TARGET_DTYPES or target.dtype in DTYPE_CODES)
+            and input.dim() > 0 and input.shape[1 if input.dim() > 1 else 0] > 0
+            and (options.weight is None or options.weight.dtype == input.dtype)
+            and (torch.compiler.is_compiling() or kernels_run_on(input.get_device())))
 
 
 def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
-                  ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0, *,
-                  z_loss: float = 0.0, softcap: Optional[float] = None, return_lse: bool = False,
+                  size_average: Optional[bool] = None, ignore_index: int = -100, reduce: Optional[bool] = None,
+                  reduction: str = "mean", label_smoothing: float = 0.0, *, z_loss: float = 0.0,
+                  softcap: Optional[float] = None, return_lse: bool = False,
                   inplace: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-    """PyTorch's cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing), in
-    one launch. input: logits (C,), (N, C) or (N, C, d1, ..., dk), a row per sample position; target:
+    """PyTorch's F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction,
+    label_smoothing), in one launch (size_average and reduce, deprecated, as PyTorch reads them). input: logits (C,), (N, C) or (N, C, d1, ..., dk), a row per sample position; target:
     class indices (int64 or int32) of shape (), (N,) or (N, d1, ..., dk), or class probabilities of
     the input's shape (the result in the promoted dtype, float32 for two different ones). weight: a
     class weight per column, of the logits' dtype; with class indices the mean then divides by the
@@ -63,38 +52,39 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
     contiguous (N, C, d1, ..., dk)) with no rows that overlap, targets that do not require grad, and no
     gradient through lse; torch.compile traces the out-of-place loss.
     A target outside [0, C) other than ignore_index makes its row's loss NaN; with the environment's
-    CROSS_ENTROPY_CHECK_TARGETS=1 a ValueError names the first such row instead, at the cost of a host
-    synchronization."""
+    CROSS_ENTROPY_CHECK_TARGETS=1 an IndexError names the first such row instead, at the cost of a host
+    synchronization. Under torch.autocast, 16-bit logits give a float32 loss, as PyTorch's does there.
+    What the kernels do not take (CPU tensors, float64 logits, other target dtypes, class weights of
+    another dtype under autocast, a GPU before Turing) PyTorch's operations compute, with the same
+    semantics (crossent.composite); there inplace does nothing."""
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
     options = check_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
-    return _loss(input, target, options, check_targets_from_env(), inplace)
+    if not kernels_take(input, target, options):
+        return composite_loss(input, target, options)
+    return kernel_loss(input, target, options, check_targets_from_env(), inplace)
 
 
-class ModelNew(torch.nn.Module):
-    """Cross-entropy over rows, computed by one fused CUDA kernel, and its gradient by another where
-    the logits require grad. With no arguments, KernelBench's problem: the mean, ignore_index -100.
-    weight, ignore_index, reduction and label_smoothing as PyTorch's cross-entropy loss module takes
-    them (weight is a buffer, moved with the module); z_loss, softcap and inplace as cross_entropy takes
-    them; inputs and targets as cross_entropy takes them. check_targets: the targets' check (see
-    cross_entropy; None: as the environment says)."""
+class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
+    """nn.CrossEntropyLoss computed by cross_entropy: its arguments, then this package's (z_loss,
+    softcap, return_lse, inplace: see cross_entropy). Read at each call, as PyTorch's module reads
+    them: weight (a buffer), ignore_index, reduction, label_smoothing and the four above."""
 
-    def __init__(self, weight: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = "mean",
-                 label_smoothing: float = 0.0, *, z_loss: float = 0.0, softcap: Optional[float] = None,
-                 inplace: bool = False, check_targets: Optional[bool] = None):
-        super().__init__()
-        # Checked once, with PyTorch's errors; the weight, a buffer, joins the options at each call.
-        self._options = check_options(None, ignore_index, reduction, z_loss, label_smoothing=label_smoothing,
-                                      softcap=softcap)
-        check_options(weight)
-        self.register_buffer("weight", weight)  # read at each call: .to() and .cuda() move it
-        self.inplace = bool(inplace)
-        self.check_targets = check_targets_from_env() if check_targets is None else bool(check_targets)
+    def __init__(self, weight: Optional[torch.Tensor] = None, size_average=None, ignore_index: int = -100,
+                 reduce=None, reduction: str = "mean", label_smoothing: float = 0.0, *, z_loss: float = 0.0,
+                 softcap: Optional[float] = None, return_lse: bool = False, inplace: bool = False):
+        super().__init__(weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+        check_options(weight, ignore_index, self.reduction, z_loss, return_lse, label_smoothing, softcap)
+        self.z_loss, self.softcap, self.return_lse, self.inplace = z_loss, softcap, return_lse, inplace
 
-    ignore_index = property(lambda self: self._options.ignore_index)
-    reduction = property(lambda self: self._options.reduction)
-    z_loss = property(lambda self: self._options.z_loss)
-    label_smoothing = property(lambda self: self._options.label_smoothing)
-    softcap = property(lambda self: self._options.softcap or None)
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        return cross_entropy(input, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
+                             label_smoothing=self.label_smoothing, z_loss=self.z_loss, softcap=self.softcap,
+                             return_lse=self.return_lse, inplace=self.inplace)
 
-    def forward(self, predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        options = self._options if self.weight is None else self._options._replace(weight=self.weight)
-        return _loss(predictions, targets, options, self.check_targets, self.inplace)
+    def extra_repr(self) -> str:
+        extras = {"z_loss": self.z_loss, "softcap": self.softcap, "return_lse": self.return_lse,
+                  "inplace": self.inplace}
+        return ", ".join(f"{k}={v}" for k, v in extras.items() if v)
+
+

@@ -86,11 +86,11 @@ _NOTHING = Outputs()  # a launch whose outputs the training node allocates
 
 def allocate(rows, plan, options, keep_state, inplace=False):
     """The launch's outputs: the loss (a row's for reduction none, which the kernel writes instead of
-    the result), every row's (m, s) where kept, and for the fused family its gradient (`inplace`: the
+    the result, in float32: _launch rounds it to the result's dtype), every row's (m, s) where kept, and for the fused family its gradient (`inplace`: the
     logits themselves) with the mean's scale and the weights' sum it reads."""
     device = rows.logits.device
     none = options.reduction == "none"
-    out = torch.empty((rows.rows,) if none else (), dtype=rows.result_dtype, device=device)
+    out = torch.empty((rows.rows,) if none else (), dtype=torch.float32 if none else rows.result_dtype, device=device)
     state = torch.empty((rows.rows, 2), dtype=torch.float32, device=device) if keep_state else None
     if plan.family != FUSED:
         return Outputs(out, state)
@@ -150,6 +150,7 @@ def pack(rows, plan, options, outputs, stream, ws):
         stream,                                            # stream
         options.ignore_index,                              # ignore_index
         REDUCTIONS[options.reduction],                     # reduction
+        options.float32_loss,                              # float32_out
         out_ptr if none else 0,                            # losses
         0 if weight is None else weight.data_ptr(),        # weight
         base + weight_off,                                 # weight_exact
@@ -186,8 +187,10 @@ def _launch(rows, plan, options, check_targets, keep_state, inplace=False):
     default = options is DEFAULTS and not keep_state and not rows.probs and rows.class_stride == 1
     (default_extension() if default else options_extension()).launch(block)
     out = outputs.out
-    if options.reduction == "none" and len(rows.original.shape) != 2:  # per row: back to the samples' shape
-        out = out.reshape(samples_shape(rows.original.shape))
+    if options.reduction == "none":  # per row: in the result's dtype, in the samples' shape
+        out = out.to(rows.result_dtype)
+        if len(rows.original.shape) != 2:
+            out = out.reshape(samples_shape(rows.original.shape))
     return out, outputs
 
 
@@ -214,7 +217,7 @@ class Written(NamedTuple):
 
 def _check_trains(rows):
     if rows.cols > MAX_SEG:
-        raise ValueError(f"the gradient takes at most {MAX_SEG} classes; got {rows.cols}")
+        raise RuntimeError(f"the gradient takes at most {MAX_SEG} classes; got {rows.cols}")
 
 
 def train_forward(logits, targets, options, check_targets=False, fuse=False, inplace=False):
@@ -225,7 +228,7 @@ def train_forward(logits, targets, options, check_targets=False, fuse=False, inp
     rows = prepare(logits, targets, options)
     _check_trains(rows)
     if inplace and rows.logits.data_ptr() != rows.original.data_ptr():
-        raise ValueError("inplace=True writes the gradient where the kernels read the logits; these were copied "
+        raise RuntimeError("inplace=True writes the gradient where the kernels read the logits; these were copied "
                          "first (their classes are not adjacent, nor the contiguous (N, C, d1, ..., dk)): "
                          "give them contiguous, or leave inplace off")
     if inplace and rows.rows > 1 and rows.class_stride == 1 and rows.logits.stride(0) < rows.cols:

@@ -10,7 +10,7 @@ import torch
 
 from .constants import DTYPE_CODES, IGNORE_INDEX, MAX_SEG, REDUCTIONS, SEG_SLAB
 
-_TARGET_DTYPES = (torch.int64, torch.int32)
+TARGET_DTYPES = (torch.int64, torch.int32)
 _FLOAT32 = torch.finfo(torch.float32)
 
 
@@ -24,15 +24,24 @@ class Options(NamedTuple):
     return_lse: bool = False     # also return every row's log-sum-exp, in float32
     label_smoothing: float = 0.0
     softcap: float = 0.0         # each logit x read as softcap * tanh(x / softcap); 0: as it is
+    float32_loss: bool = False   # the loss in float32 from 16-bit logits, as autocast gives it
 
 
 DEFAULTS = Options()
 
 
+def _number(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number; got {value!r}")
+    return float(value)
+
+
 def check_options(weight=None, ignore_index=IGNORE_INDEX, reduction="mean", z_loss=0.0, return_lse=False,
                   label_smoothing=0.0, softcap=None):
     """The options as the dispatch takes them (DEFAULTS itself where every one is the default), or
-    the error PyTorch gives."""
+    the error PyTorch gives for the same mistake: ValueError for the reduction, TypeError for an
+    argument of the wrong type, RuntimeError for label smoothing over 1 (under 0 it is none, as in
+    PyTorch)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"{reduction} is not a valid value for reduction")
     if isinstance(ignore_index, bool) or not hasattr(ignore_index, "__index__"):
@@ -41,15 +50,14 @@ def check_options(weight=None, ignore_index=IGNORE_INDEX, reduction="mean", z_lo
         raise TypeError(f"ignore_index must be an int64 integer; got {ignore_index!r}")
     if weight is not None and not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight must be a tensor or None; got {type(weight).__name__}")
-    if isinstance(z_loss, bool) or not isinstance(z_loss, (int, float)) or not math.isfinite(z_loss):
+    if not math.isfinite(_number("z_loss", z_loss)):
         raise ValueError(f"z_loss must be a finite number; got {z_loss!r}")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) or not 0 <= label_smoothing <= 1:
-        raise ValueError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
-    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
-                                or not _FLOAT32.tiny <= softcap <= _FLOAT32.max):  # the kernels' float32
+    if _number("label_smoothing", label_smoothing) > 1:
+        raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    if softcap is not None and not _FLOAT32.tiny <= _number("softcap", softcap) <= _FLOAT32.max:  # the kernels' float32
         raise ValueError(f"softcap must be None or a positive number in float32's normal range; got {softcap!r}")
     options = Options(weight, operator.index(ignore_index), reduction, float(z_loss), bool(return_lse),
-                      float(label_smoothing), float(softcap or 0.0))
+                      float(label_smoothing) if label_smoothing > 0 else 0.0, float(softcap or 0.0))
     return DEFAULTS if weight is None and options[1:] == DEFAULTS[1:] else options
 
 
@@ -57,12 +65,12 @@ def check_weight(weight, logits):
     """The class weights as the kernels read them, or PyTorch's error: C of the logits' dtype."""
     cols = logits.shape[1]
     if weight.dim() != 1 or weight.shape[0] != cols:
-        raise ValueError(f"weight tensor should be defined either for all {cols} classes or no classes but got "
+        raise RuntimeError(f"weight tensor should be defined either for all {cols} classes or no classes but got "
                          f"weight tensor of shape: {list(weight.shape)}")
     if weight.dtype != logits.dtype:
-        raise TypeError(f"expected scalar type {logits.dtype} but found {weight.dtype} (weight)")
+        raise RuntimeError(f"expected scalar type {logits.dtype} but found {weight.dtype} (weight)")
     if weight.device != logits.device:
-        raise ValueError(f"weight is on {weight.device}, the logits on {logits.device}")
+        raise RuntimeError(f"weight is on {weight.device}, the logits on {logits.device}")
     return weight.contiguous()
 
 
@@ -77,47 +85,53 @@ def samples_shape(shape):
 
 
 def check_inputs(logits, targets):
-    """PyTorch's checks, with clearer messages; returns whether the targets are class probabilities."""
+    """PyTorch's checks, with clearer messages and PyTorch's exception types (ValueError for batch
+    sizes that differ, RuntimeError for the rest; TypeError for what is not a tensor), and the refusals
+    of what only the kernels do not take (other devices and dtypes: RuntimeError). Returns whether the
+    targets are class probabilities."""
     # Each tensor attribute is read once or twice: this runs on every call, ahead of the launch.
     if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
         raise TypeError("cross_entropy expects two tensors: logits and targets")
     if logits.dtype not in DTYPE_CODES:
-        raise TypeError(f"logits must be float32, bfloat16 or float16; got {logits.dtype}")
+        raise RuntimeError(f"the kernels take float32, bfloat16 or float16 logits; got {logits.dtype}")
     probs = targets.dtype.is_floating_point
     if probs and targets.dtype not in DTYPE_CODES:
-        raise TypeError(f"class-probability targets must be float32, bfloat16 or float16; got {targets.dtype}")
-    if not probs and targets.dtype not in _TARGET_DTYPES:
-        raise TypeError(f"class-index targets must be int64 or int32; got {targets.dtype}")
-    if not (logits.is_cuda and targets.is_cuda):
-        raise ValueError(f"logits and targets must be CUDA tensors; got {logits.device} and {targets.device}")
-    if logits.get_device() != targets.get_device():
-        raise ValueError(f"logits and targets are on different devices: {logits.device} and {targets.device}")
+        raise RuntimeError(f"the kernels take float32, bfloat16 or float16 class-probability targets; "
+                           f"got {targets.dtype}")
+    if not probs and targets.dtype not in TARGET_DTYPES:
+        raise RuntimeError(f"the kernels take int64 or int32 class-index targets; got {targets.dtype}")
     shape, target_shape = logits.shape, targets.shape
     if not shape:
-        raise ValueError("logits must have shape (C,), (N, C) or (N, C, d1, ..., dk); got a 0-dim tensor")
+        raise RuntimeError("logits must have shape (C,), (N, C) or (N, C, d1, ..., dk); got a 0-dim tensor")
     if probs and target_shape != shape:
-        raise ValueError(f"class-probability targets must have the logits' shape {tuple(shape)}; got {tuple(target_shape)}")
+        raise RuntimeError(f"class-probability targets must have the logits' shape {tuple(shape)}; "
+                           f"got {tuple(target_shape)}")
     if not probs and target_shape != samples_shape(shape):
         if len(shape) > 1 and len(target_shape) == len(shape) - 1 and target_shape[0] != shape[0]:
             raise ValueError(f"batch sizes differ: logits have {shape[0]} samples, targets {target_shape[0]}")
-        raise ValueError(f"class-index targets must have shape {tuple(samples_shape(shape))} for logits "
-                         f"{tuple(shape)}; got {tuple(target_shape)}")
+        raise RuntimeError(f"class-index targets must have shape {tuple(samples_shape(shape))} for logits "
+                           f"{tuple(shape)}; got {tuple(target_shape)}")
     cols = shape[1] if len(shape) > 1 else shape[0]
     if cols == 0:
-        raise ValueError("logits have no classes (C = 0)")
+        raise IndexError("logits have no classes (C = 0): every target is out of bounds")
     if cols > MAX_SEG * SEG_SLAB:
-        raise ValueError(f"logits have {cols} classes; at most {MAX_SEG * SEG_SLAB} are supported")
+        raise RuntimeError(f"logits have {cols} classes; the kernels take at most {MAX_SEG * SEG_SLAB}")
+    if not (logits.is_cuda and targets.is_cuda):
+        raise RuntimeError(f"the kernels take CUDA tensors; got logits on {logits.device} and targets on "
+                           f"{targets.device}")
+    if logits.get_device() != targets.get_device():
+        raise RuntimeError(f"logits and targets are on different devices: {logits.device} and {targets.device}")
     return probs
 
 
 def first_bad_target(targets, cols, ignore_index):
-    """Raises ValueError naming the first row whose target is outside [0, C) and not ignore_index,
+    """Raises IndexError (PyTorch's) naming the first row whose target is outside [0, C) and not ignore_index,
     comparing in 64 bits as the kernels do (an int32 tensor against a wider int would wrap it)."""
     targets = targets.long()
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= cols))
     if bool(bad.any()):
         row = int(bad.reshape(-1).nonzero()[0, 0])
-        raise ValueError(f"targets[{row}] = {int(targets.reshape(-1)[row])} is outside [0, {cols}) "
+        raise IndexError(f"targets[{row}] = {int(targets.reshape(-1)[row])} is outside [0, {cols}) "
                          f"and is not the ignore index {ignore_index}")
 
 
@@ -173,7 +187,7 @@ class Rows(NamedTuple):
     class_stride: int        # elements from a class to the next
     rows: int                # sample positions
     cols: int                # classes
-    result_dtype: torch.dtype
+    result_dtype: torch.dtype  # the loss's: the logits', the promoted one of probabilities, or float32 (float32_loss)
     weight: Optional[torch.Tensor]  # the class weights, checked (check_weight)
     original: torch.Tensor   # the logits as given
     device: int              # their CUDA device's index
@@ -185,13 +199,15 @@ def prepare(logits, targets, options):
     probs = check_inputs(logits, targets)
     original = logits
     logits, targets, class_stride, rows, result_dtype = as_rows(logits, targets, probs)
+    if options.float32_loss:
+        result_dtype = torch.float32
     if probs and options.ignore_index >= 0:
-        raise ValueError("ignore_index is not supported for class-probability targets")
+        raise RuntimeError("ignore_index is not supported for class-probability targets")
     weight = options.weight
     if weight is not None:
         weight = check_weight(weight, logits)
     cols = logits.shape[1]
     if (options.label_smoothing or options.softcap or probs or class_stride > 1) and cols > MAX_SEG:
-        raise ValueError(f"label smoothing, softcap, probability targets and inputs (N, C, d1, ..., dk) take at most "
+        raise RuntimeError(f"label smoothing, softcap, probability targets and inputs (N, C, d1, ..., dk) take at most "
                          f"{MAX_SEG} classes; got {cols}")
     return Rows(logits, targets, probs, class_stride, rows, cols, result_dtype, weight, original, logits.get_device())

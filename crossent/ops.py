@@ -31,29 +31,29 @@ OP_NAMESPACE = _op_namespace()
 def _flat(options):
     """The options as the operators' schema takes them (return_lse stays with the caller)."""
     return options.weight, options.ignore_index, options.reduction, options.label_smoothing, options.z_loss, \
-        options.softcap
+        options.softcap, options.float32_loss
 
 
-def _options(weight, ignore_index, reduction, label_smoothing, z_loss, softcap):
-    return Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap)
+def _options(weight, ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss):
+    return Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap, float32_loss)
 
 
 def _forward(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
-             reduction: str, label_smoothing: float, z_loss: float, softcap: float,
+             reduction: str, label_smoothing: float, z_loss: float, softcap: float, float32_loss: bool,
              check_targets: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """(loss, state): the loss and every row's (m, s), what the gradient reads (and the log-sum-exp's:
     dispatch.lse, whose gradient reaches the state's first column)."""
-    options = _options(weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    options = _options(weight, ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss)
     loss, state, _ = train_forward(input, target, options, check_targets)
     return loss, state
 
 
 def _backward(grad: torch.Tensor, grad_lse: Optional[torch.Tensor], input: torch.Tensor, target: torch.Tensor,
               state: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int, reduction: str,
-              label_smoothing: float, z_loss: float, softcap: float,
+              label_smoothing: float, z_loss: float, softcap: float, float32_loss: bool,
               target_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """(d loss / d input, d loss / d target): the latter empty unless target_grad."""
-    options = _options(weight, ignore_index, reduction, label_smoothing, z_loss, softcap)
+    options = _options(weight, ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss)
     dx, dq = cross_entropy_backward(grad, grad_lse, input, target, state, options, target_grad)
     return dx, dq if dq is not None else input.new_empty(0)
 
@@ -63,17 +63,18 @@ backward_op = torch.library.custom_op(f"{OP_NAMESPACE}::cross_entropy_backward",
 
 
 @forward_op.register_fake
-def _forward_shapes(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, check_targets):
+def _forward_shapes(input, target, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss,
+                    check_targets):
     probs = check_inputs(input, target)
     positions = samples_shape(input.shape)
-    dtype = torch.float32 if probs and target.dtype != input.dtype else input.dtype
+    dtype = torch.float32 if float32_loss or (probs and target.dtype != input.dtype) else input.dtype
     return (input.new_empty(positions if reduction == "none" else (), dtype=dtype),
             input.new_empty((math.prod(positions), 2), dtype=torch.float32))
 
 
 @backward_op.register_fake
 def _backward_shapes(grad, grad_lse, input, target, state, weight, ignore_index, reduction, label_smoothing, z_loss,
-                     softcap, target_grad):
+                     softcap, float32_loss, target_grad):
     dq = empty_gradient(input, target.dtype) if target_grad else input.new_empty(0)
     return empty_gradient(input, input.dtype), dq
 
@@ -88,7 +89,7 @@ def _backward_through_op(grad, grad_lse, input, target, state, options, target_g
 
 
 def _gradients(ctx, grad, grad_state):
-    return *input_gradients(ctx, grad, grad_state, _backward_through_op), *[None] * 7
+    return *input_gradients(ctx, grad, grad_state, _backward_through_op), *[None] * 8
 
 
 forward_op.register_autograd(_gradients, setup_context=_setup_context)

@@ -12,7 +12,7 @@ from .gpu import DEVICE_ATTRIBUTES
 PARAMS = (
     ("logits", "const void*", "Q", "the first logit"),
     ("targets", "const void*", "Q", "the first target"),
-    ("out", "void*", "Q", "the mean: one element of the logits' dtype"),
+    ("out", "void*", "Q", "the mean: one element of the logits' dtype (float32 where float32_out)"),
     ("counter", "unsigned int*", "Q", "[0]: CTAs arrived, modulo gridDim.x; [1]: chunks claimed"),
     ("ignored_rows", "unsigned long long*", "Q", "whole rows whose target is ignore_index"),
     ("exact", "unsigned long long*", "Q", "whole rows: the losses' exact sum"),
@@ -42,7 +42,8 @@ PARAMS = (
     # The options build's alone (kOptions); last, so that the default build's fields keep their places.
     ("ignore_index", "long long", "q", "targets to skip"),
     ("reduction", "int", "i", "kReductionMean, kReductionSum or kReductionNone"),
-    ("losses", "void*", "Q", "reduction none: a loss per row, in the logits' dtype"),
+    ("float32_out", "bool", "?", "the result (out) in float32 rather than the logits' dtype"),
+    ("losses", "float*", "Q", "reduction none: a loss per row, in float32"),
     ("weight", "const void*", "Q", "class weights, C of the logits' dtype; null: none"),
     ("weight_exact", "unsigned long long*", "Q", "weighted: the counted rows' weights' exact sum"),
     ("row_state", "float2*", "Q", "every row's (m, s), its max and sum of exp: its log-sum-exp m + log s, which "

@@ -38,6 +38,9 @@ TORCH_2_4 = {"torch.Tensor", "torch.float32", "torch.bfloat16", "torch.float16",
              "torch.Generator", "torch._C", "torch.randn", "torch.softmax", "torch.finfo", "torch.empty_like",
              "torch.dtype", "torch.library",  # (the dtype class, the torch.library module: public since 1.x)
              "torch.is_grad_enabled", "torch.compiler.is_compiling", "torch.autograd.Function", "torch.ones_like",
+             "torch.autocast", "torch.is_autocast_enabled", "torch.nn.CrossEntropyLoss", "torch.nn.functional",
+             "torch.nn._reduction.legacy_get_string", "torch.bool", "torch.float64", "torch.logsumexp", "torch.tanh",
+             "torch.is_tensor", "torch.nn.functional.pad",
              "torch.set_grad_enabled", "torch.where", "torch.ops", "torch.ones",
              "torch.autograd.graph.increment_version",  # public since 2.1
              "torch.library.custom_op"}  # custom_op, with register_fake and register_autograd: new in 2.4

@@ -18,7 +18,7 @@ PACKAGE = ROOT / "crossent"
 OUTPUT = ROOT / "model_new.py"
 # The modules in import order: each imports only from those before it.
 MODULES = ["constants", "gpu", "policy", "params", "sources", "build", "inputs", "dispatch", "gradient", "autograd",
-           "ops", "api"]
+           "ops", "loss"]
 SOURCES = "sources"  # read from csrc/ by the package; in the bundle, its files' text (csrc_literals)
 
 HEADER = '''"""Cross-entropy loss for KernelBench level 1, problem 95: ModelNew()(predictions, targets) equals

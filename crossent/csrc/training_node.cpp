@@ -42,13 +42,14 @@ struct FusedLoss : torch::autograd::Function<FusedLoss> {
                                int64_t gradient_group, int64_t gradient_grid, const std::vector<int64_t>& loss_shape) {
     Params p = unpack_params(block);
     const auto f32 = logits.options().dtype(at::kFloat);
-    const at::Tensor loss = at::empty(loss_shape, logits.options());
+    const bool none = p.reduction == kReductionNone;  // a loss per row, which the kernel writes in float32
+    at::Tensor loss = at::empty(loss_shape, p.float32_out || none ? f32 : logits.options());
     const at::Tensor state = at::empty({int64_t(p.rows), 2}, f32);
     const at::Tensor dx = empty_gradient(logits);
     const at::Tensor scale = p.reduction == kReductionMean ? at::empty({}, f32) : at::Tensor();  // 1 / divisor
     const at::Tensor weight_total = weight && p.label_smoothing != 0.f ? weight->sum(at::kFloat) : at::Tensor();
     p.out = loss.data_ptr();
-    p.losses = p.reduction == kReductionNone ? loss.data_ptr() : nullptr;
+    p.losses = none ? loss.data_ptr<float>() : nullptr;
     p.row_state = pointer<float2>(state);
     p.grad = dx.data_ptr();
     p.grad_out = pointer<float>(scale);
@@ -62,6 +63,7 @@ struct FusedLoss : torch::autograd::Function<FusedLoss> {
     ctx->saved_data["params"] = pack(p);
     ctx->saved_data["written"] = dx;  // for an incoming 1: the first backward's
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined: no work for it
+    if (none && !p.float32_out) loss = loss.to(logits.scalar_type());  // rounded as the kernel would
     return {loss, state};
   }
 

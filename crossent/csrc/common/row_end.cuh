@@ -88,6 +88,17 @@ __device__ __forceinline__ Total whole_rows_total(const Params& p) {
   return {sum, weighted(p) ? exact_sum(p.weight_exact) : double(p.rows - ignored_rows)};
 }
 
+// The result stored: in the format O (the logits', or the promoted one of probability targets), or in
+// float32 where the options build is asked for it (float32_out: autocast's loss from 16-bit logits).
+template <class O>
+__device__ __forceinline__ void store_out(const Params& p, float v) {
+  if (kOptions && p.float32_out) {
+    *static_cast<float*>(p.out) = v;
+  } else {
+    O::store(p.out, v);
+  }
+}
+
 // The result from the CTA's total, in thread 0: the mean, or in the options build the sum (or
 // nothing, for reduction none). It also leaves the ignored rows' count at zero for the next launch.
 template <class E>
@@ -96,7 +107,7 @@ __device__ __forceinline__ void store_result(const Params& p, Total total) {
     *p.ignored_rows = 0;
     if (kOptions && p.reduction == kReductionNone) return;
     const bool sum = kOptions && p.reduction == kReductionSum;
-    E::store(p.out, float(sum ? total.sum : total.sum / total.divisor));  // nothing counted: 0/0 = NaN
+    store_out<E>(p, float(sum ? total.sum : total.sum / total.divisor));  // nothing counted: 0/0 = NaN
   }
 }
 
@@ -146,9 +157,9 @@ __device__ __forceinline__ float copied_class_weight(const uint32_t* slot, const
 }
 
 // What the options build adds to a row's loss in every family: z_loss * lse^2 where the row counts
-// (code >= 0), every row's (m, s) where asked, and its loss for reduction none (0 where ignored),
-// stored in the format O, the result's.
-template <class O>
+// (code >= 0), every row's (m, s) where asked, and its loss for reduction none (0 where ignored), in
+// float32: one store with no conversion, which the host rounds to the result's dtype where that is
+// narrower (a branch on the dtype here costs 16-bit rows kernels spills).
 __device__ __forceinline__ float finish_row(const Params& p, long long row, long long code, Lse st, float log_s,
                                             float loss) {
   if (p.z_loss != 0.f && code >= 0) {  // guarded: 0 * inf would be NaN
@@ -157,7 +168,7 @@ __device__ __forceinline__ float finish_row(const Params& p, long long row, long
   }
   if (p.row_state) p.row_state[row] = make_float2(st.m, st.s);
   if (p.reduction == kReductionNone)
-    O::store(static_cast<typename O::Storage*>(p.losses) + row, code == kTargetIgnored ? 0.f : loss);
+    p.losses[row] = code == kTargetIgnored ? 0.f : loss;
   return loss;
 }
 
@@ -175,7 +186,7 @@ __device__ __forceinline__ float row_outcome(const Params& p, long long row, lon
   if (smoothing(p) && code >= 0) {
     loss = fmaf(1.f - p.label_smoothing, loss, p.smoothing_per_class * fmaf(gap.weight, log_s, gap.sum));
   }
-  return finish_row<E>(p, row, code, st, log_s, loss);
+  return finish_row(p, row, code, st, log_s, loss);
 }
 
 // A finished row in its group's leader, for the chunk's sums: its loss (row_outcome's) and class

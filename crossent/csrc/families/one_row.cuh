@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kOneRowCta) cross_entropy_one_row_kernel(const
       } else if (p.reduction != kReductionNone) {
         const bool ignored = code == kTargetIgnored;
         const float sum = ignored ? 0.f : loss;
-        E::store(p.out, p.reduction == kReductionMean ? sum / (ignored ? 0.f : weight) : sum);
+        store_out<E>(p, p.reduction == kReductionMean ? sum / (ignored ? 0.f : weight) : sum);
       }
     }
   }

@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_streame
     if (live && lane == 0) {
       if constexpr (kProbs) {
         const float log_s = logf(st.s);
-        loss = finish_row<O>(p, row, 0, st, log_s, fmaf(gap.weight, log_s, gap.sum));
+        loss = finish_row(p, row, 0, st, log_s, fmaf(gap.weight, log_s, gap.sum));
       } else {
         count_row(code, row_outcome<E>(p, row, code, st, x_t, w_t, gap), w_t, loss, weight, ignored);
       }
