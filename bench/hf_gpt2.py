@@ -1,0 +1,114 @@
+"""A small GPT-2 from Hugging Face transformers, built from a config (no download), trained from the
+same weights on the same batches three times: with transformers' own loss, with a float64 loss, and
+with crossent's (crossent.hf.use_crossent). The float64 run measures how far rounding alone moves
+the loss curve from transformers' (training amplifies any difference); crossent's curve should stay
+within that distance, with less memory. Prints and (--json) records the curves, their distances, the
+peak memory and the time per step. tests/test_hf.py runs it and checks it.
+
+    python3 bench/hf_gpt2.py --json bench/results/h200_hf_gpt2.json
+"""
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the package, uninstalled too
+
+CONFIG = dict(vocab_size=50257, n_positions=256, n_embd=256, n_layer=2, n_head=4)
+BATCH, SEQUENCE, STEPS, LR = 8, 256, 50, 3e-3
+
+
+def float64_loss(logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None,
+                 **kwargs):
+    """transformers' causal loss computed in float64: the rounding-free reference."""
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    loss = F.cross_entropy(logits.double().reshape(-1, logits.shape[-1]), shift_labels.reshape(-1),
+                           ignore_index=ignore_index)
+    return loss.float()
+
+
+def batches(steps, device):
+    """Token sequences with structure to learn: each token is a fixed function of the one before,
+    one time in ten a random token instead."""
+    generator = torch.Generator().manual_seed(0)
+    follow = torch.randperm(CONFIG["vocab_size"], generator=generator)
+    out = []
+    for _ in range(steps):
+        tokens = torch.empty(BATCH, SEQUENCE, dtype=torch.long)
+        tokens[:, 0] = torch.randint(0, CONFIG["vocab_size"], (BATCH,), generator=generator)
+        noise = torch.rand(BATCH, SEQUENCE, generator=generator) < 0.1
+        random = torch.randint(0, CONFIG["vocab_size"], (BATCH, SEQUENCE), generator=generator)
+        for i in range(1, SEQUENCE):
+            tokens[:, i] = torch.where(noise[:, i], random[:, i], follow[tokens[:, i - 1]])
+        out.append(tokens.to(device))
+    return out
+
+
+def train(loss_function, initial, data, device):
+    """Loss per step, peak memory (bytes) and mean time per step after the first five."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(**CONFIG)).to(device)
+    model.load_state_dict(initial)
+    if loss_function is not None:
+        model.loss_function = loss_function
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses, times = [], []
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    for tokens in data:
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        times.append(time.perf_counter() - start)
+    return {"losses": losses, "peak_bytes": torch.cuda.max_memory_allocated(), "step_ms": 1e3 * sum(times[5:]) / len(times[5:])}
+
+
+def run(steps=STEPS):
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import crossent.hf
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    initial = GPT2LMHeadModel(GPT2Config(**CONFIG)).state_dict()
+    data = batches(steps, device)
+    runs = {"transformers": train(None, initial, data, device),
+            "float64": train(float64_loss, initial, data, device),
+            "crossent": train(crossent.hf.causal_lm_loss, initial, data, device)}
+    base = runs["transformers"]["losses"]
+    for name in ("float64", "crossent"):
+        runs[name]["distance"] = max(abs(a - b) for a, b in zip(runs[name]["losses"], base))
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "date": datetime.date.today().isoformat(), "config": CONFIG, "batch": BATCH, "sequence": SEQUENCE,
+            "steps": steps, "autocast": "bfloat16", "runs": runs}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    result = run(args.steps)
+    for name, r in result["runs"].items():
+        print(f"{name:12s} first {r['losses'][0]:.4f} last {r['losses'][-1]:.4f} distance "
+              f"{r.get('distance', 0.0):.2e} peak {r['peak_bytes'] / 2**20:.0f} MiB step {r['step_ms']:.2f} ms")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""crossent.hf: transformers' causal language-model loss (its arguments and its result), on the
+CPU against the loss written out, and on the GPU a small GPT-2 trained with it (bench/hf_gpt2.py)."""
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import crossent.hf
+from conftest import ROOT
+
+
+def _written_out(logits, labels, num_items_in_batch=None, ignore_index=-100):
+    """ForCausalLMLoss as transformers writes it: float32 logits, labels shifted left, padded."""
+    shift = F.pad(labels, (0, 1), value=ignore_index)[..., 1:].reshape(-1)
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shift, ignore_index=ignore_index,
+                           reduction="sum" if num_items_in_batch is not None else "mean")
+    return loss if num_items_in_batch is None else loss / num_items_in_batch
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_causal_loss_is_transformers(device):
+    logits = torch.randn(3, 7, 50, device=device).to(torch.bfloat16)
+    labels = torch.randint(0, 50, (3, 7), device=device)
+    labels[0, 2] = -100
+    for kwargs in [{}, {"num_items_in_batch": torch.tensor(11, device=device)}, {"num_items_in_batch": 11}]:
+        got = crossent.hf.causal_lm_loss(logits, labels, vocab_size=50, **kwargs)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, _written_out(logits, labels, kwargs.get("num_items_in_batch")))
+    shift = F.pad(labels, (0, 1), value=-100)[..., 1:]
+    assert torch.equal(crossent.hf.causal_lm_loss(logits, None, shift_labels=shift, ignore_index=-100),
+                       crossent.hf.causal_lm_loss(logits, labels))
+    ignored = torch.full_like(labels, 5)
+    torch.testing.assert_close(crossent.hf.causal_lm_loss(logits, ignored, ignore_index=5), torch.tensor(float("nan"), device=device), equal_nan=True)
+
+
+def test_the_causal_loss_is_transformers_own_where_it_is_installed():
+    loss_utils = pytest.importorskip("transformers.loss.loss_utils")
+    logits = torch.randn(2, 9, 40).to(torch.bfloat16)
+    labels = torch.randint(0, 40, (2, 9))
+    labels[1, :4] = -100
+    for kwargs in [{}, {"num_items_in_batch": torch.tensor(13)}]:
+        want = loss_utils.ForCausalLMLoss(logits, labels, vocab_size=40, **kwargs)
+        got = crossent.hf.causal_lm_loss(logits, labels, vocab_size=40, **kwargs)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_a_model_without_loss_function_is_refused():
+    with pytest.raises(RuntimeError, match="no loss_function"):
+        crossent.hf.use_crossent(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.gpu
+def test_a_gpt2_trains_with_it_as_with_transformers_loss():
+    """Loss curves within the distance rounding alone makes (a float64 loss's), less memory."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import hf_gpt2
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = crossent.hf.use_crossent(GPT2LMHeadModel(GPT2Config(**hf_gpt2.CONFIG)))
+    assert model.loss_function is crossent.hf.causal_lm_loss
+    runs = hf_gpt2.run()["runs"]
+    ours, reference, theirs = runs["crossent"], runs["float64"], runs["transformers"]
+    print({name: (r.get("distance"), r["peak_bytes"], r["step_ms"]) for name, r in runs.items()})
+    assert theirs["losses"][-1] < theirs["losses"][0] - 1.0  # it learns
+    assert ours["distance"] <= max(3 * reference["distance"], 1e-3)
+    assert ours["peak_bytes"] < theirs["peak_bytes"]
