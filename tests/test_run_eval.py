@@ -61,8 +61,13 @@ def test_command_line_exits_nonzero_and_says_why(tmp_path):
 
 
 def test_trial_seeds_are_kernelbenchs():
-    # torch.manual_seed(42), then one randint(0, 2**32 - 1) per trial, as KernelBench's eval.py draws them
-    assert run_eval.trial_seeds(5) == [734796314, 576165995, 2197670066, 839703249, 2584932063]
+    # torch.manual_seed(42), then one randint(0, 2**32 - 1) per trial, as KernelBench's eval.py draws them:
+    # the values torch 2.11 to 2.15 draw (torch 2.4 draws others, in KernelBench as here)
+    seeds = run_eval.trial_seeds(5)
+    torch.manual_seed(0)
+    assert run_eval.trial_seeds(5) == seeds and len(set(seeds)) == 5
+    if tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 11):
+        assert seeds == [734796314, 576165995, 2197670066, 839703249, 2584932063]
 
 
 def test_process_inputs_keeps_integer_dtypes():
