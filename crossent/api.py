@@ -25,6 +25,14 @@ def kernels_take(input, target, options: Options) -> bool:
             and (torch.compiler.is_compiling() or kernels_run_on(input.get_device())))
 
 
+def routed_loss(input, target, options: Options, inplace=False):
+    """The loss of checked options: by the kernels where they take the call, else by PyTorch's
+    operations. cross_entropy's, and crossent.hf's."""
+    if not kernels_take(input, target, options):
+        return composite_loss(input, target, options)
+    return kernel_loss(input, target, options, check_targets_from_env(), inplace)
+
+
 def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor] = None,
                   size_average: Optional[bool] = None, ignore_index: int = -100, reduce: Optional[bool] = None,
                   reduction: str = "mean", label_smoothing: float = 0.0, *, z_loss: float = 0.0,
@@ -60,9 +68,7 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
     if size_average is not None or reduce is not None:
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
     options = check_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
-    if not kernels_take(input, target, options):
-        return composite_loss(input, target, options)
-    return kernel_loss(input, target, options, check_targets_from_env(), inplace)
+    return routed_loss(input, target, options, inplace)
 
 
 class CrossEntropyLoss(torch.nn.CrossEntropyLoss):

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import inspect
 import os
+import pathlib
 import posixpath
 import re
 import struct
@@ -111,16 +112,15 @@ def _build(targets, options=False):
     )
     directory = _get_build_directory(name, False)
     digest = hashlib.sha256(repr((sorted(arguments.items()), torch.__version__)).encode()).hexdigest()
-    stamp = os.path.join(directory, "crossent.stamp")
+    stamp = pathlib.Path(directory, "crossent.stamp")
     with _build_lock(directory):
-        if not os.path.exists(stamp) or open(stamp).read() != digest:
+        if not stamp.exists() or stamp.read_text() != digest:
             print(f"crossent: building the {'options' if options else 'default'} kernels for "
                   f"{', '.join(code for _, code in targets)}, once (about {'a minute' if options else 'half a minute'} "
                   f"on 16 cores, longer on fewer: MAX_JOBS); cached in {directory} (TORCH_EXTENSIONS_DIR)",
                   file=sys.stderr, flush=True)
         module = load_inline(**arguments)
-        with open(stamp, "w") as f:
-            f.write(digest)
+        stamp.write_text(digest)
     return module
 
 

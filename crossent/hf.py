@@ -7,10 +7,8 @@ from typing import Optional
 
 import torch
 
-from .api import kernels_take
-from .composite import composite_loss
-from .inputs import check_options, check_targets_from_env
-from .loss import kernel_loss
+from .api import routed_loss
+from .inputs import check_options
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: Optional[int] = None,
@@ -28,10 +26,7 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: Optio
     t = shift_labels.to(logits.device).reshape(-1)
     reduction = "mean" if num_items_in_batch is None else "sum"
     options = check_options(ignore_index=ignore_index, reduction=reduction)._replace(float32_loss=True)
-    if kernels_take(x, t, options):
-        loss = kernel_loss(x, t, options, check_targets_from_env())
-    else:
-        loss = composite_loss(x, t, options)
+    loss = routed_loss(x, t, options)
     if num_items_in_batch is not None:
         loss = loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
     return loss
