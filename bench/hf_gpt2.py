@@ -1,9 +1,10 @@
 """A small GPT-2 from Hugging Face transformers, built from a config (no download), trained from the
-same weights on the same batches three times: with transformers' own loss, with a float64 loss, and
-with crossent's (crossent.hf.use_crossent). The float64 run measures how far rounding alone moves
-the loss curve from transformers' (training amplifies any difference); crossent's curve should stay
-within that distance, with less memory. Prints and (--json) records the curves, their distances, the
-peak memory and the time per step. tests/test_hf.py runs it and checks it.
+same weights on the same batches with the same dropout masks three times: with transformers' own
+loss, with a float64 loss, and with crossent's (crossent.hf.use_crossent). The float64 run measures
+how far rounding alone moves the loss curve from transformers' (training amplifies any difference);
+crossent's curve should stay within that distance, with less memory. Prints and (--json) records
+the curves, their distances, the peak memory and the time per step. tests/test_hf.py runs it and
+checks it.
 
     python3 bench/hf_gpt2.py --json bench/results/h200_hf_gpt2.json
 """
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the package, uninstalled too
 
 CONFIG = dict(vocab_size=50257, n_positions=256, n_embd=256, n_layer=2, n_head=4)
-BATCH, SEQUENCE, STEPS, LR = 8, 256, 50, 3e-3
+BATCH, SEQUENCE, STEPS, LR, WORDS = 8, 256, 50, 3e-3, 256
 
 
 def float64_loss(logits, labels, vocab_size=None, num_items_in_batch=None, ignore_index=-100, shift_labels=None,
@@ -34,16 +35,20 @@ def float64_loss(logits, labels, vocab_size=None, num_items_in_batch=None, ignor
 
 
 def batches(steps, device):
-    """Token sequences with structure to learn: each token is a fixed function of the one before,
-    one time in ten a random token instead."""
+    """Token sequences with structure to learn, over WORDS tokens spread across the vocabulary: each
+    token is a fixed function of the one before, one time in ten a random word instead. A model
+    learns the words within the run (the loss falls from log(vocab_size) toward log(WORDS)), so a
+    loss with wrong gradients shows as a curve far from the others."""
     generator = torch.Generator().manual_seed(0)
-    follow = torch.randperm(CONFIG["vocab_size"], generator=generator)
+    words = torch.randperm(CONFIG["vocab_size"], generator=generator)[:WORDS]
+    follow = torch.zeros(CONFIG["vocab_size"], dtype=torch.long)
+    follow[words] = words[torch.randperm(WORDS, generator=generator)]
     out = []
     for _ in range(steps):
         tokens = torch.empty(BATCH, SEQUENCE, dtype=torch.long)
-        tokens[:, 0] = torch.randint(0, CONFIG["vocab_size"], (BATCH,), generator=generator)
+        tokens[:, 0] = words[torch.randint(0, WORDS, (BATCH,), generator=generator)]
         noise = torch.rand(BATCH, SEQUENCE, generator=generator) < 0.1
-        random = torch.randint(0, CONFIG["vocab_size"], (BATCH, SEQUENCE), generator=generator)
+        random = words[torch.randint(0, WORDS, (BATCH, SEQUENCE), generator=generator)]
         for i in range(1, SEQUENCE):
             tokens[:, i] = torch.where(noise[:, i], random[:, i], follow[tokens[:, i - 1]])
         out.append(tokens.to(device))
@@ -54,6 +59,7 @@ def train(loss_function, initial, data, device):
     """Loss per step, peak memory (bytes) and mean time per step after the first five."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    torch.manual_seed(1)  # the same dropout masks in every run: the losses alone differ
     model = GPT2LMHeadModel(GPT2Config(**CONFIG)).to(device)
     model.load_state_dict(initial)
     if loss_function is not None:
