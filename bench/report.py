@@ -63,6 +63,8 @@ def by(rows, key):
 
 def kind(data):
     if isinstance(data, dict):
+        if "transformers" in data:
+            return "hf"
         return "run_eval" if "timings" in data else "ab" if data.keys() & {"timing", "build_times", "runs"} else None
     first = data[0] if data else {}
     return next((name for key, name in (("options", "options"), ("copy_ms", "train"), ("shape", "kdim"))
@@ -194,6 +196,14 @@ def ab_section(name, r):
     return "\n\n".join(parts)
 
 
+def hf_table(r):
+    """bench/hf_gpt2.py: one row per loss the model trained with."""
+    return table(["loss", "first step", "last step", "largest distance from transformers' curve", "peak memory",
+                  "time per step"],
+                 [[name, f"{run['losses'][0]:.4f}", f"{run['losses'][-1]:.4f}", f"{run.get('distance', 0.0):.2e}",
+                   f"{run['peak_bytes'] / 2**20:.0f} MiB", f"{run['step_ms']:.2f} ms"] for name, run in r["runs"].items()])
+
+
 def load(root):
     return {p.name: json.loads(p.read_text()) for p in sorted((root / "bench" / "results").glob("*.json"))}
 
@@ -253,6 +263,14 @@ def results_md(root, results):
                 f"The best of {'/'.join(sorted({str(r['passes']) for r in rows}))} passes per implementation.")
     for n, r in group(results, "ab").items():
         section(f"`bench/ab.py`: {n}", {n: r}, ab_section(n, r))
+    for n, r in group(results, "hf").items():
+        c = r["config"]
+        section(f"`bench/hf_gpt2.py`: {n}", {n: r}, hf_table(r),
+                f"A GPT-2 of transformers {r['transformers']} built from a config ({c['n_layer']} layers, width "
+                f"{c['n_embd']}, vocabulary {c['vocab_size']}), trained {r['steps']} steps of {r['batch']} x "
+                f"{r['sequence']} tokens under {r['autocast']} autocast from the same weights, batches and dropout "
+                "masks, once per loss: transformers' own, one in float64, crossent's. The float64 run's distance "
+                "is what rounding alone moves the curve; the time per step includes the optimizer and a sync.")
     unknown = [f"`{n}`" for n, d in results.items() if kind(d) is None]
     out += ["", f"Not tabulated, in a format this script does not know: {', '.join(unknown)}."] * bool(unknown)
     pngs = [p.name for p in sorted((root / "bench" / "results").glob("*.png")) if f"{p.stem}.json" not in results]
