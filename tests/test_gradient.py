@@ -2,7 +2,6 @@
 reference; no gradient work without one; double backward refused; torch.compile with fullgraph,
 CUDA graphs, determinism and a training run beside eager PyTorch's. On the CPU, the gradient's
 launch policy and its fields in the parameter block."""
-import os
 import re
 
 import pytest
@@ -14,7 +13,7 @@ from crossent import policy as launch_policy
 
 from cases import DTYPES, logits, views
 from cases import expected_loss as expected
-from conftest import ROOT
+from conftest import read
 from plans import GPU_PLANS, H100
 from test_options import assert_close
 from test_streamed import probabilities
@@ -135,8 +134,7 @@ def test_a_second_load_registers_operators_of_its_own():
     (run_eval, KernelBench) gets operators under a namespace of its own; the first load's stay as they
     were."""
     context = {}
-    with open(os.path.join(ROOT, "model_new.py")) as f:
-        exec(compile(f.read(), "model_new.py", "exec"), context)
+    exec(compile(read("model_new.py"), "model_new.py", "exec"), context)
     assert context["OP_NAMESPACE"] != ops.OP_NAMESPACE
     for namespace in (ops.OP_NAMESPACE, context["OP_NAMESPACE"]):
         assert hasattr(getattr(torch.ops, namespace), "cross_entropy_backward"), namespace
