@@ -86,9 +86,9 @@ def samples_shape(shape):
 
 def check_inputs(logits, targets):
     """PyTorch's checks, with clearer messages and PyTorch's exception types (ValueError for batch
-    sizes that differ, RuntimeError for the rest; TypeError for what is not a tensor), and the refusals
-    of what only the kernels do not take (other devices and dtypes: RuntimeError). Returns whether the
-    targets are class probabilities."""
+    sizes that differ, IndexError for logits with no classes, RuntimeError for the rest; TypeError for
+    what is not a tensor), and the refusals of what only the kernels do not take (other devices and
+    dtypes: RuntimeError). Returns whether the targets are class probabilities."""
     # Each tensor attribute is read once or twice: this runs on every call, ahead of the launch.
     if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
         raise TypeError("cross_entropy expects two tensors: logits and targets")
