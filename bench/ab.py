@@ -42,16 +42,13 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import run_eval  # noqa: E402
 from cases import DTYPES, PATHS, SHAPES, expected_loss, logits, targets, views  # noqa: E402
+from sweep import TRAIN_SHAPES  # noqa: E402  (the training sweep's shapes, with their dtypes)
 
 # The sweep's shapes and the awkward ones the design record names: rows off the 16-byte grid, just
 # over a power of two of vectors, with a short last batch, split rows.
 TIMING_SHAPES = [(32768, 4096), (4096, 32000), (8192, 50257), (8192, 128256), (16, 256000), (1000000, 10),
                  (65536, 1000), (1, 4096), (4096, 129), (16368, 4100), (61008, 1100), (8192, 16001), (4096, 32001),
                  (20000, 6001), (3001, 5003), (262144, 250), (2000000, 24)]
-# The training sweep's shapes (bench/sweep.py --train), with their dtypes.
-TRAIN_SHAPES = [(32768, 4096, "float32"), (32768, 4096, "bfloat16"), (4096, 32000, "bfloat16"),
-                (16384, 32000, "bfloat16"), (8192, 50257, "bfloat16"), (8192, 128256, "bfloat16"),
-                (4096, 256000, "bfloat16"), (65536, 1000, "bfloat16")]
 
 
 def load_version(path, tag):

@@ -38,12 +38,11 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import crossent  # noqa: E402
 import run_eval  # noqa: E402
-from cases import expected_loss  # noqa: E402
+from cases import DTYPES, expected_loss  # noqa: E402
 
 SHAPES = [(32768, 4096), (4096, 32000), (8192, 50257), (8192, 128256), (16, 256000), (1000000, 10),
           (65536, 1000), (1, 4096), (4096, 129)]
 TODAY = time.strftime("%Y-%m-%d")  # recorded in every row, for bench/report.py
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 IMPLS = ("model_new", "eager", "compile", "floor")
 # The options sweep: cross_entropy's keyword arguments by name ("weight": random class weights;
 # "ignore": that share of the targets set to -100). z_loss, softcap and the per-row lse are not PyTorch's.

@@ -20,8 +20,7 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: Optio
     as transformers gives. The logits (batch, sequence, vocabulary) are read where they lie: the
     labels shift, not the logits. Other keyword arguments transformers passes are accepted and unused."""
     if shift_labels is None:
-        labels = torch.nn.functional.pad(labels.to(logits.device), (0, 1), value=ignore_index)
-        shift_labels = labels[..., 1:]
+        shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     x = logits.reshape(-1, logits.shape[-1])
     t = shift_labels.to(logits.device).reshape(-1)
     reduction = "mean" if num_items_in_batch is None else "sum"

@@ -97,8 +97,7 @@ def bundle():
         for module, names in relative:
             if module not in MODULES[:index]:
                 raise SystemExit(f"crossent/{name}.py imports from .{module}, which does not come before it")
-            exporter = _imports_and_body(module)[3]
-            missing = set(names) - _defined(exporter)
+            missing = {n for n in names if owner.get(n) != module}  # what the earlier module defines
             if missing:
                 raise SystemExit(f"crossent/{name}.py imports {sorted(missing)} from .{module}, which does not define them")
         if name == SOURCES:
