@@ -506,68 +506,90 @@ driver attributes the extension reads), and the dispatch packs it with PARAMS_ST
 layout (native alignment, as the C++ compiler lays it out); and the workspace a launch counts in."""
 
 
-# (name, C type, struct code, what it holds)
-PARAMS = (
-    ("logits", "const void*", "Q", "the first logit"),
-    ("targets", "const void*", "Q", "the first target"),
-    ("out", "void*", "Q", "the mean: one element of the logits' dtype (float32 where float32_out)"),
-    ("counter", "unsigned int*", "Q", "[0]: CTAs arrived, modulo gridDim.x; [1]: chunks claimed"),
-    ("ignored_rows", "unsigned long long*", "Q", "whole rows whose target is ignore_index"),
-    ("exact", "unsigned long long*", "Q", "whole rows: the losses' exact sum"),
-    ("seg_partials", "float4*", "Q", "split rows: (m, s, x_t, unused) per segment"),
-    ("rows", "long long", "q", ""),
-    ("cols", "long long", "q", ""),
-    ("row_stride", "long long", "q", "elements from a row to the next"),
-    ("target_stride", "long long", "q", "targets from a row's to the next"),
-    ("items", "long long", "q", "rows x splits"),
-    ("chunks", "long long", "q", "the units of work the CTAs claim"),
-    ("splits", "int", "i", "rows in registers: segments per row"),
-    ("seg_len", "int", "i", "... columns per segment"),
-    ("group", "int", "i", "threads per item, a power of two; the one-row kernel's CTA; strided: positions a thread"),
-    ("chunk_rounds", "int", "i", "rows in registers: items per group in a chunk"),
-    ("tile_rows", "int", "i", "tiles: rows per tile"),
-    ("target_bytes", "int", "i", "8 (int64) or 4 (int32)"),
-    # The host's: which instance (the plan's family and its compile-time choice) and how to launch it.
-    ("family", "int", "i", "the kernel family: one of the kFamily constants"),
-    ("sweeps", "int", "i", "tiles: kVectorSweeps, kElementSweeps or kPairSweeps"),
-    ("batch_rows", "int", "i", "row batches: rows per batch"),
-    ("dtype", "int", "i", "kFloat32, kBFloat16 or kFloat16"),
-    ("grid", "int", "i", "CTAs"),
-    ("device", "int", "i", "the CUDA device"),
-    ("lead_256", "bool", "?", "rows in registers: the instance counted from the 256-byte grid"),
-    ("evict_first", "bool", "?", "the instance with evict-first loads"),
-    ("stream", "cudaStream_t", "Q", "the current stream"),
-    # The options build's alone (kOptions); last, so that the default build's fields keep their places.
-    ("ignore_index", "long long", "q", "targets to skip"),
-    ("reduction", "int", "i", "kReductionMean, kReductionSum or kReductionNone"),
-    ("float32_out", "bool", "?", "the result (out) in float32 rather than the logits' dtype"),
-    ("losses", "float*", "Q", "reduction none: a loss per row, in float32"),
-    ("weight", "const void*", "Q", "class weights, C of the logits' dtype; null: none"),
-    ("weight_exact", "unsigned long long*", "Q", "weighted: the counted rows' weights' exact sum"),
-    ("row_state", "float2*", "Q", "every row's (m, s), its max and sum of exp: its log-sum-exp m + log s, which "
-                                  "the gradient reads; null: not asked"),
-    ("z_loss", "float", "f", "adds z_loss * lse^2 to each counted row's loss"),
-    ("label_smoothing", "float", "f", "eps: label smoothing's share of each row's loss"),
-    ("smoothing_per_class", "float", "f", "eps / C"),
-    ("probs", "const void*", "Q", "streamed: probability targets, the logits' shape; null: class indices"),
-    ("probs_stride", "long long", "q", "... elements from a sample's to the next"),
-    ("class_stride", "long long", "q", "streamed: elements from a class to the next (d1 * ... * dk; 1: contiguous)"),
-    ("probs_dtype", "int", "i", "kFloat32, the logits' dtype, or kClassIndices"),
-    ("softcap", "float", "f", "streamed: each logit x read as softcap * tanh(x / softcap); 0: as it is"),
-    ("softcap_rate", "float", "f", "... 2 log2(e) / softcap"),
-    # The gradient's (kFamilyGradient); the fused family's too: grad, grad_row_stride, grad_out, weight_total.
-    ("grad", "void*", "Q", "d loss / d logits, the logits' dtype, rows grad_row_stride elements apart"),
-    ("grad_row_stride", "long long", "q", "... (the logits' class_stride and the same positions)"),
-    ("grad_out", "float*", "Q", "the loss's incoming gradient (the mean's over its divisor): one, or one a row; "
-                                "a fused launch of the mean stores 1 / divisor there first"),
-    ("grad_lse", "const float*", "Q", "the log-sum-exp's incoming gradient, one a row; null: none"),
-    ("weight_total", "const float*", "Q", "the class weights' sum, where label smoothing weighs every class"),
-    ("grad_probs", "void*", "Q", "d loss / d probabilities, their dtype, laid out as grad; null: not asked"),
-    ("grad_in", "const float*", "Q", "after a fused forward: the loss's incoming gradient as given (grad_out's shape); "
-                                     "rows where it is 1 hold theirs. null: none"),
+# (name, C type, struct code, what it holds), in four parts, each a call's (where its tensors are, and
+# its stream: packed at every call) or a problem's (fixed by the shapes, strides, dtypes, device and
+# options: packed once per problem, crossent.dispatch.call). The default build reads the first three
+# parts' fields as far as the stream; the options build's alone come after it, so that the default
+# build's fields keep their places whatever the options add.
+PARTS = (
+    (  # a call's
+        ("logits", "const void*", "Q", "the first logit"),
+        ("targets", "const void*", "Q", "the first target"),
+        ("out", "void*", "Q", "the mean: one element of the logits' dtype (float32 where float32_out)"),
+        ("counter", "unsigned int*", "Q", "[0]: CTAs arrived, modulo gridDim.x; [1]: chunks claimed"),
+        ("ignored_rows", "unsigned long long*", "Q", "whole rows whose target is ignore_index"),
+        ("exact", "unsigned long long*", "Q", "whole rows: the losses' exact sum"),
+        ("seg_partials", "float4*", "Q", "split rows: (m, s, x_t, unused) per segment"),
+    ),
+    (  # a problem's
+        ("rows", "long long", "q", ""),
+        ("cols", "long long", "q", ""),
+        ("row_stride", "long long", "q", "elements from a row to the next"),
+        ("target_stride", "long long", "q", "targets from a row's to the next"),
+        ("items", "long long", "q", "rows x splits"),
+        ("chunks", "long long", "q", "the units of work the CTAs claim"),
+        ("splits", "int", "i", "rows in registers: segments per row"),
+        ("seg_len", "int", "i", "... columns per segment"),
+        ("group", "int", "i", "threads per item, a power of two; the one-row kernel's CTA; strided: positions a "
+                              "thread"),
+        ("chunk_rounds", "int", "i", "rows in registers: items per group in a chunk"),
+        ("tile_rows", "int", "i", "tiles: rows per tile"),
+        ("target_bytes", "int", "i", "8 (int64) or 4 (int32)"),
+        # The host's: which instance (the plan's family and its compile-time choice) and how to launch it.
+        ("family", "int", "i", "the kernel family: one of the kFamily constants"),
+        ("sweeps", "int", "i", "tiles: kVectorSweeps, kElementSweeps or kPairSweeps"),
+        ("batch_rows", "int", "i", "row batches: rows per batch"),
+        ("dtype", "int", "i", "kFloat32, kBFloat16 or kFloat16"),
+        ("grid", "int", "i", "CTAs"),
+        ("device", "int", "i", "the CUDA device"),
+        ("lead_256", "bool", "?", "rows in registers: the instance counted from the 256-byte grid"),
+        ("evict_first", "bool", "?", "the instance with evict-first loads"),
+    ),
+    (  # a call's
+        ("stream", "cudaStream_t", "Q", "the current stream"),
+        # The options build's alone (kOptions) from here on.
+        ("losses", "float*", "Q", "reduction none: a loss per row, in float32"),
+        ("weight", "const void*", "Q", "class weights, C of the logits' dtype; null: none"),
+        ("weight_exact", "unsigned long long*", "Q", "weighted: the counted rows' weights' exact sum"),
+        ("row_state", "float2*", "Q", "every row's (m, s), its max and sum of exp: its log-sum-exp m + log s, "
+                                      "which the gradient reads; null: not asked"),
+        ("probs", "const void*", "Q", "streamed: probability targets, the logits' shape; null: class indices"),
+        # The gradient's (kFamilyGradient); the fused family's too: grad, grad_out, weight_total.
+        ("grad", "void*", "Q", "d loss / d logits, the logits' dtype, rows grad_row_stride elements apart"),
+        ("grad_out", "float*", "Q", "the loss's incoming gradient (the mean's over its divisor): one, or one a "
+                                    "row; a fused launch of the mean stores 1 / divisor there first"),
+        ("grad_lse", "const float*", "Q", "the log-sum-exp's incoming gradient, one a row; null: none"),
+        ("weight_total", "const float*", "Q", "the class weights' sum, where label smoothing weighs every class"),
+        ("grad_probs", "void*", "Q", "d loss / d probabilities, their dtype, laid out as grad; null: not asked"),
+        ("grad_in", "const float*", "Q", "after a fused forward: the loss's incoming gradient as given (grad_out's "
+                                         "shape); rows where it is 1 hold theirs. null: none"),
+    ),
+    (  # a problem's
+        ("ignore_index", "long long", "q", "targets to skip"),
+        ("reduction", "int", "i", "kReductionMean, kReductionSum or kReductionNone"),
+        ("float32_out", "bool", "?", "the result (out) in float32 rather than the logits' dtype"),
+        ("z_loss", "float", "f", "adds z_loss * lse^2 to each counted row's loss"),
+        ("label_smoothing", "float", "f", "eps: label smoothing's share of each row's loss"),
+        ("smoothing_per_class", "float", "f", "eps / C"),
+        ("probs_stride", "long long", "q", "... elements from a sample's to the next"),
+        ("class_stride", "long long", "q", "streamed: elements from a class to the next (d1 * ... * dk; 1: "
+                                           "contiguous)"),
+        ("probs_dtype", "int", "i", "kFloat32, the logits' dtype, or kClassIndices"),
+        ("softcap", "float", "f", "streamed: each logit x read as softcap * tanh(x / softcap); 0: as it is"),
+        ("softcap_rate", "float", "f", "... 2 log2(e) / softcap"),
+        ("grad_row_stride", "long long", "q", "the gradient's: elements from a row to the next (the logits' "
+                                              "class_stride and the same positions)"),
+    ),
 )
+PARAMS = sum(PARTS, ())
 Params = namedtuple("Params", [name for name, *_ in PARAMS])
 PARAMS_STRUCT = struct.Struct("@" + "".join(code for _, _, code, _ in PARAMS) + "0q")  # padded as C pads
+# Each part packed alone: a call's part is 8-byte words, and a problem's is padded to 8 bytes as C pads
+# it ahead of the next word, so that the parts joined are the block.
+CALL_PARTS = tuple(struct.Struct("@" + "".join(code for _, _, code, _ in part)) for part in PARTS[0::2])
+PROBLEM_PARTS = tuple(struct.Struct("@" + "".join(code for _, _, code, _ in part) + "0q") for part in PARTS[1::2])
+assert all(code == "Q" for part in PARTS[0::2] for _, _, code, _ in part)
+assert sum(s.size for s in CALL_PARTS + PROBLEM_PARTS) == PARAMS_STRUCT.size
 
 NO_PARAMS = Params._make(0 for _ in PARAMS)  # a launch's fields that it leaves unread
 
@@ -4205,15 +4227,17 @@ def prepare(logits, targets, options):
 
 # ==========================================================================================
 # crossent/dispatch.py
-"""The dispatch: a call's launch in four steps, plan (the policy's, cached per problem: plan_on),
-allocate, pack (the parameter block) and launch, and the three forwards built from them: the loss
-alone (forward), a training step's loss with every row's (m, s) for its gradient (train_forward), and
-the training node's, C++ from the launch to the backward (node_forward).
+"""The dispatch: a call's launch in four steps, its problem (worked out by a problem's first call and
+kept: call), allocate, pack (the call's fields between the problem's) and launch, and the three
+forwards built from them: the loss alone (forward), a training step's loss with every row's (m, s) for
+its gradient (train_forward), and the training node's, C++ from the launch to the backward
+(node_forward).
 
 KernelBench's timing starts before the call and ends after the kernel, with an L2 flush of about 90 us
 queued ahead of both: host work that outlasts the flush shows in the time ("Build and host time"). So
-the dispatch reads each tensor attribute once, plans once per problem, and asks torch for the raw
-stream handle."""
+everything a call does that its data does not change (the checks, the layout, the plan, most of the
+parameter block) is done once per problem: a later call of the same shapes, strides, dtypes, device
+and options reads a dict, allocates its result and packs its data pointers."""
 
 
 _workspaces = {}  # (device index, stream) -> int32 tensor whose counters and exact sum are back at zero
@@ -4228,7 +4252,9 @@ def current_stream(device_index):
 
 
 def _workspace(device_index, stream, nbytes):
-    """Scratch for one launch: per stream, so concurrent streams never share a counter."""
+    """Scratch for one launch: per stream, so concurrent streams never share a counter. The caller holds
+    it until the launch: inside graph capture it is not cached, and a buffer freed there would be handed
+    to the next allocation of the capture."""
     key = (device_index, stream)
     ws = _workspaces.get(key)
     if ws is not None and ws.numel() * 4 >= nbytes:
@@ -4241,11 +4267,9 @@ def _workspace(device_index, stream, nbytes):
     return ws
 
 
-@functools.lru_cache(maxsize=1024)
 def plan_on(device_index, rows, cols, row_stride, elem_bytes, offset, weighted=False, smoothed=False, probs=False,
             class_stride=1, capped=False, fuse=False):
-    """plan_launch on GPU device_index, cached: the host's time per call shows in KernelBench's timing.
-    A test that changes the policy clears it."""
+    """plan_launch on GPU device_index."""
     return plan_launch(rows, cols, row_stride, elem_bytes, device_gpu(device_index), offset, weighted, smoothed, probs,
                        class_stride, capped, fuse)
 
@@ -4257,6 +4281,123 @@ def plan_rows(rows, options, fuse=False):
     return plan_on(rows.device, rows.rows, rows.cols, x.stride(0), x.element_size(), x.data_ptr() % 16,
                    rows.weight is not None, options.label_smoothing != 0, rows.probs, rows.class_stride,
                    options.softcap != 0, fuse)
+
+
+class Problem(NamedTuple):
+    """What every call of one problem shares, worked out by its first call (call): the launch plan and
+    the parameter block's fields that hold no data pointer, with what allocating and packing read."""
+    plan: Plan
+    fields: tuple            # the block's two parts that hold no data pointer (problem_fields)
+    rows: int                # sample positions
+    cols: int                # classes
+    row_stride: int          # the logits' rows as the kernels read them: elements from one to the next
+    class_stride: int        # elements from a class to the next
+    probs: bool              # class-probability targets
+    device: int              # the CUDA device's index
+    result_dtype: torch.dtype
+    per_row: bool            # reduction none: the kernel writes a loss a row (losses) where out points
+    samples_shape: tuple     # ... whose shape is the sample positions'
+    workspace: tuple         # params.workspace_layout: byte offsets of its parts, and its bytes
+    default: bool            # KernelBench's problem, which the default build launches where no state is kept
+    gradient: Optional[Plan]  # the training node's backward: the gradient family's plan of these rows
+
+
+_problems = {}  # problem_key -> Problem
+_MOST_PROBLEMS = 1024  # then forgotten, all at once
+
+
+def problem_key(logits, targets, options, fuse):
+    """What tells one problem from another: every property of the tensors that a check, the layout or the
+    plan reads (the logits' offset from the 16-byte grid included), the options but the class weights'
+    values, and whether the fused family may take the logits."""
+    weight = options.weight
+    if weight is not None:
+        options = (options._replace(weight=None), weight.shape, weight.stride(), weight.dtype, weight.device)
+    return (logits.shape, logits.stride(), logits.dtype, logits.device, logits.data_ptr() % 16, targets.shape,
+            targets.stride(), targets.dtype, targets.device, options, fuse)
+
+
+def forget_problems():
+    """Drops every problem worked out, so that the next calls plan anew (for a test that changes the
+    policy)."""
+    _problems.clear()
+
+
+def call(logits, targets, options, fuse=False):
+    """(problem, x, targets, weight) of a call: its Problem, and the logits, targets and class weights
+    where the kernels read them. A problem's first call checks the tensors (with PyTorch's errors), lays
+    them out (inputs.prepare) and plans; where that layout is the tensors as given (no copy), the problem
+    is kept, and its later calls hand the tensors on as they are."""
+    tensors = isinstance(logits, torch.Tensor) and isinstance(targets, torch.Tensor)  # else prepare says what is wrong
+    key = problem_key(logits, targets, options, fuse) if tensors else None
+    problem = _problems.get(key)
+    if problem is not None:
+        return problem, logits, targets, options.weight
+    rows = prepare(logits, targets, options)
+    problem = _work_out(rows, options, fuse)
+    weight = options.weight
+    if key is not None and rows.logits.data_ptr() == logits.data_ptr() and rows.targets.data_ptr() == \
+            targets.data_ptr() and (weight is None or rows.weight.data_ptr() == weight.data_ptr()):
+        if len(_problems) >= _MOST_PROBLEMS:
+            _problems.clear()
+        _problems[key] = problem
+    return problem, rows.logits, rows.targets, rows.weight
+
+
+def _work_out(rows, options, fuse):
+    """The Problem of a call's rows (inputs.prepare's) with its options."""
+    plan = plan_rows(rows, options, fuse)
+    x = rows.logits
+    gradient = None
+    if fuse and plan.family == FUSED:
+        gradient = gradient_plan(rows.rows, rows.cols, x.element_size(), device_gpu(rows.device), 1)
+    default = options.weight is None and options[1:] == DEFAULTS[1:] and not rows.probs and rows.class_stride == 1
+    return Problem(plan, problem_fields(rows, plan, options), rows.rows, rows.cols, x.stride(0), rows.class_stride,
+                   rows.probs, rows.device, rows.result_dtype, options.reduction == "none",
+                   samples_shape(rows.original.shape), workspace_layout(plan, rows.rows), default, gradient)
+
+
+def problem_fields(rows, plan, options):
+    """The parameter block's parts that hold no data pointer (params.PROBLEM_PARTS'), each field named
+    beside its value: with the call's parts (pack), every field of params.PARAMS in its order
+    (tests/test_boundary.py holds the names to PARAMS)."""
+    x, targets, probs, cols = rows.logits, rows.targets, rows.probs, rows.cols
+    smoothing, softcap = options.label_smoothing, options.softcap
+    return PROBLEM_PARTS[0].pack(
+        rows.rows,                                         # rows
+        cols,                                              # cols
+        x.stride(0),                                       # row_stride
+        targets.stride(0) if rows.rows and not probs else 1,  # target_stride
+        rows.rows * plan.splits,                           # items
+        plan.chunks,                                       # chunks
+        plan.splits,                                       # splits
+        plan.seg_len,                                      # seg_len
+        plan.group,                                        # group
+        plan.rounds,                                       # chunk_rounds
+        plan.tile_rows,                                    # tile_rows
+        targets.element_size(),                            # target_bytes
+        plan.family,                                       # family
+        plan.sweeps,                                       # sweeps
+        plan.batch_rows,                                   # batch_rows
+        DTYPE_CODES[x.dtype],                              # dtype
+        plan.grid,                                         # grid
+        rows.device,                                       # device
+        plan.lead_256,                                     # lead_256
+        plan.evict_first,                                  # evict_first
+    ), PROBLEM_PARTS[1].pack(
+        options.ignore_index,                              # ignore_index
+        REDUCTIONS[options.reduction],                     # reduction
+        options.float32_loss,                              # float32_out
+        options.z_loss,                                    # z_loss
+        smoothing,                                         # label_smoothing
+        smoothing / cols,                                  # smoothing_per_class
+        targets.stride(0) if probs else 0,                 # probs_stride
+        rows.class_stride,                                 # class_stride
+        DTYPE_CODES[targets.dtype] if probs else CLASS_INDICES,  # probs_dtype
+        softcap,                                           # softcap
+        2 / math.log(2) / softcap if softcap else 0.0,     # softcap_rate
+        cols,                                              # grad_row_stride
+    )
 
 
 def empty_gradient(logits, dtype):
@@ -4281,42 +4422,36 @@ class Outputs(NamedTuple):
 _NOTHING = Outputs()  # a launch whose outputs the training node allocates
 
 
-def allocate(rows, plan, options, keep_state, inplace=False):
+def allocate(problem, logits, weight, options, keep_state, inplace=False):
     """The launch's outputs: the loss (a row's for reduction none, which the kernel writes instead of
-    the result, in float32: _launch rounds it to the result's dtype), every row's (m, s) where kept, and for the fused family its gradient (`inplace`: the
-    logits themselves) with the mean's scale and the weights' sum it reads."""
-    device = rows.logits.device
-    none = options.reduction == "none"
-    out = torch.empty((rows.rows,) if none else (), dtype=torch.float32 if none else rows.result_dtype, device=device)
-    state = torch.empty((rows.rows, 2), dtype=torch.float32, device=device) if keep_state else None
-    if plan.family != FUSED:
+    the result, in float32: _launch rounds it to the result's dtype), every row's (m, s) where kept,
+    and for the fused family its gradient (`inplace`: the logits themselves) with the mean's scale and
+    the weights' sum it reads."""
+    device = logits.device
+    none = problem.per_row
+    out = torch.empty((problem.rows,) if none else (), dtype=torch.float32 if none else problem.result_dtype,
+                      device=device)
+    state = torch.empty((problem.rows, 2), dtype=torch.float32, device=device) if keep_state else None
+    if problem.plan.family != FUSED:
         return Outputs(out, state)
-    dx = rows.original if inplace else empty_gradient(rows.original, rows.logits.dtype)
+    dx = logits if inplace else empty_gradient(logits, logits.dtype)
     scale = torch.empty((), dtype=torch.float32, device=device) if options.reduction == "mean" else None
-    weight = rows.weight
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and options.label_smoothing else None
     return Outputs(out, state, dx, scale, weight_total)
 
 
-def workspace(rows, plan, stream):
-    """The launch's scratch (params.workspace_layout), zero where it counts. The caller holds it until
-    the launch: inside graph capture it is not cached, and a buffer freed there would be handed to the
-    next allocation of the capture."""
-    return _workspace(rows.device, stream, workspace_layout(plan, rows.rows)[3])
-
-
-def pack(rows, plan, options, outputs, stream, ws):
-    """The launch's parameter block, on `stream` with the workspace `ws`: every field of params.PARAMS
-    in its order, each named beside its value (tests/test_boundary.py holds the names to PARAMS). Packed
+def pack(problem, x, targets, weight, outputs, stream, ws):
+    """The launch's parameter block: the call's parts (params.CALL_PARTS': its data pointers, on
+    `stream` with the workspace `ws`), each field named beside its value, between the problem's. Packed
     from positions: matching some fifty keywords took a third of the dispatch's host time ("Build and host
     time")."""
-    x, targets, probs, weight, cols = rows.logits, rows.targets, rows.probs, rows.weight, rows.cols
-    smoothing, softcap, none = options.label_smoothing, options.softcap, options.reduction == "none"
-    exact_off, weight_off, seg_off, _ = workspace_layout(plan, rows.rows)
+    exact_off, weight_off, seg_off, _ = problem.workspace
     base = ws.data_ptr()
+    probs = problem.probs
     out, state, dx, scale, weight_total = outputs
     out_ptr = 0 if out is None else out.data_ptr()
-    return PARAMS_STRUCT.pack(
+    first, second = problem.fields
+    return CALL_PARTS[0].pack(
         x.data_ptr(),                                      # logits
         0 if probs else targets.data_ptr(),                # targets
         out_ptr,                                           # out
@@ -4324,70 +4459,38 @@ def pack(rows, plan, options, outputs, stream, ws):
         base + 8,                                          # ignored_rows
         base + exact_off,                                  # exact
         base + seg_off,                                    # seg_partials
-        rows.rows,                                         # rows
-        cols,                                              # cols
-        x.stride(0),                                       # row_stride
-        targets.stride(0) if rows.rows and not probs else 1,  # target_stride
-        rows.rows * plan.splits,                           # items
-        plan.chunks,                                       # chunks
-        plan.splits,                                       # splits
-        plan.seg_len,                                      # seg_len
-        plan.group,                                        # group
-        plan.rounds,                                       # chunk_rounds
-        plan.tile_rows,                                    # tile_rows
-        targets.element_size(),                            # target_bytes
-        plan.family,                                       # family
-        plan.sweeps,                                       # sweeps
-        plan.batch_rows,                                   # batch_rows
-        DTYPE_CODES[x.dtype],                              # dtype
-        plan.grid,                                         # grid
-        rows.device,                                       # device
-        plan.lead_256,                                     # lead_256
-        plan.evict_first,                                  # evict_first
+    ) + first + CALL_PARTS[1].pack(
         stream,                                            # stream
-        options.ignore_index,                              # ignore_index
-        REDUCTIONS[options.reduction],                     # reduction
-        options.float32_loss,                              # float32_out
-        out_ptr if none else 0,                            # losses
+        out_ptr if problem.per_row else 0,                 # losses
         0 if weight is None else weight.data_ptr(),        # weight
         base + weight_off,                                 # weight_exact
         0 if state is None else state.data_ptr(),          # row_state
-        options.z_loss,                                    # z_loss
-        smoothing,                                         # label_smoothing
-        smoothing / cols,                                  # smoothing_per_class
         targets.data_ptr() if probs else 0,                # probs
-        targets.stride(0) if probs else 0,                 # probs_stride
-        rows.class_stride,                                 # class_stride
-        DTYPE_CODES[targets.dtype] if probs else CLASS_INDICES,  # probs_dtype
-        softcap,                                           # softcap
-        2 / math.log(2) / softcap if softcap else 0.0,     # softcap_rate
         0 if dx is None else dx.data_ptr(),                # grad
-        cols,                                              # grad_row_stride
         0 if scale is None else scale.data_ptr(),          # grad_out
         0,                                                 # grad_lse
         0 if weight_total is None else weight_total.data_ptr(),  # weight_total
         0,                                                 # grad_probs
         0,                                                 # grad_in
-    )
+    ) + second
 
 
-def _launch(rows, plan, options, check_targets, keep_state, inplace=False):
-    """From the plan to the launch, for forward and train_forward: the targets checked where asked (a host
-    synchronization), the outputs allocated, the block packed and launched, in the default build where
-    the call is KernelBench's problem (its defaults, no state kept), else in the options build."""
-    if check_targets and not rows.probs:
-        first_bad_target(rows.targets, rows.cols, options.ignore_index)
-    stream = current_stream(rows.device)
-    ws = workspace(rows, plan, stream)
-    outputs = allocate(rows, plan, options, keep_state, inplace)
-    block = pack(rows, plan, options, outputs, stream, ws)
-    default = options is DEFAULTS and not keep_state and not rows.probs and rows.class_stride == 1
-    (default_extension() if default else options_extension()).launch(block)
+def _launch(problem, logits, x, targets, weight, options, check_targets, keep_state, inplace=False):
+    """From the problem to the launch, for forward and train_forward: the targets checked where asked (a
+    host synchronization), the outputs allocated, the block packed and launched, in the default build
+    where the call is KernelBench's problem (its defaults, no state kept), else in the options build."""
+    if check_targets and not problem.probs:
+        first_bad_target(targets, problem.cols, options.ignore_index)
+    stream = current_stream(problem.device)
+    ws = _workspace(problem.device, stream, problem.workspace[3])
+    outputs = allocate(problem, logits, weight, options, keep_state, inplace)
+    block = pack(problem, x, targets, weight, outputs, stream, ws)
+    (default_extension() if problem.default and not keep_state else options_extension()).launch(block)
     out = outputs.out
-    if options.reduction == "none":  # per row: in the result's dtype, in the samples' shape
-        out = out.to(rows.result_dtype)
-        if len(rows.original.shape) != 2:
-            out = out.reshape(samples_shape(rows.original.shape))
+    if problem.per_row:  # in the result's dtype, in the samples' shape
+        out = out.to(problem.result_dtype)
+        if len(logits.shape) != 2:
+            out = out.reshape(problem.samples_shape)
     return out, outputs
 
 
@@ -4400,9 +4503,9 @@ def lse(state, shape):
 
 def forward(logits, targets, options, check_targets=False):
     """The loss of a call that does not train, and (options.return_lse) every row's log-sum-exp."""
-    rows = prepare(logits, targets, options)
-    out, outputs = _launch(rows, plan_rows(rows, options), options, check_targets, options.return_lse)
-    return (out, lse(outputs.state, rows.original.shape)) if options.return_lse else out
+    problem, x, t, weight = call(logits, targets, options)
+    out, outputs = _launch(problem, logits, x, t, weight, options, check_targets, options.return_lse)
+    return (out, lse(outputs.state, logits.shape)) if options.return_lse else out
 
 
 class Written(NamedTuple):
@@ -4412,9 +4515,9 @@ class Written(NamedTuple):
     scale: Optional[torch.Tensor]
 
 
-def _check_trains(rows):
-    if rows.cols > MAX_SEG:
-        raise RuntimeError(f"the gradient takes at most {MAX_SEG} classes; got {rows.cols}")
+def _check_trains(problem):
+    if problem.cols > MAX_SEG:
+        raise RuntimeError(f"the gradient takes at most {MAX_SEG} classes; got {problem.cols}")
 
 
 def train_forward(logits, targets, options, check_targets=False, fuse=False, inplace=False):
@@ -4422,17 +4525,17 @@ def train_forward(logits, targets, options, check_targets=False, fuse=False, inp
     gradient's input, and the log-sum-exp's: lse); where `fuse` (the logits alone require grad) and the
     fused family takes the problem, written (Written) the gradient it wrote for an incoming 1 (`inplace`:
     over the logits, which must be where the kernels read them), else None."""
-    rows = prepare(logits, targets, options)
-    _check_trains(rows)
-    if inplace and rows.logits.data_ptr() != rows.original.data_ptr():
+    problem, x, t, weight = call(logits, targets, options, fuse)
+    _check_trains(problem)
+    if inplace and x.data_ptr() != logits.data_ptr():
         raise RuntimeError("inplace=True writes the gradient where the kernels read the logits; these were copied "
                          "first (their classes are not adjacent, nor the contiguous (N, C, d1, ..., dk)): "
                          "give them contiguous, or leave inplace off")
-    if inplace and rows.rows > 1 and rows.class_stride == 1 and rows.logits.stride(0) < rows.cols:
+    if inplace and problem.rows > 1 and problem.class_stride == 1 and problem.row_stride < problem.cols:
         raise RuntimeError("inplace=True: the logits' rows overlap in memory (an expanded tensor, or a view with a "
                            "row stride under C), so more than one element would write a single memory location: "
                            "clone() them first, or leave inplace off")
-    out, outputs = _launch(rows, plan_rows(rows, options, fuse), options, check_targets, True, inplace)
+    out, outputs = _launch(problem, logits, x, t, weight, options, check_targets, True, inplace)
     return out, outputs.state, None if outputs.dx is None else Written(outputs.dx, outputs.scale)
 
 
@@ -4440,20 +4543,18 @@ def node_forward(logits, targets, options, check_targets=False):
     """(loss, state) of a loss whose logits alone train, with the loss's gradient as the training node's
     (csrc/training_node.cpp), which allocates them, where the fused family reads the logits in place;
     else None, and nothing launched (the caller takes the autograd.Function, which checks the targets)."""
-    rows = prepare(logits, targets, options)
-    _check_trains(rows)
-    plan = plan_rows(rows, options, fuse=True)
-    if plan.family != FUSED or rows.logits.data_ptr() != rows.original.data_ptr():
+    problem, x, t, weight = call(logits, targets, options, fuse=True)
+    _check_trains(problem)
+    if problem.gradient is None or x.data_ptr() != logits.data_ptr():
         return None
     if check_targets:
-        first_bad_target(rows.targets, rows.cols, options.ignore_index)
-    stream = current_stream(rows.device)
-    ws = workspace(rows, plan, stream)
-    block = pack(rows, plan, options, _NOTHING, stream, ws)
-    backward = gradient_plan(rows.rows, rows.cols, rows.logits.element_size(), device_gpu(rows.device), 1)
-    loss_shape = samples_shape(rows.original.shape) if options.reduction == "none" else ()
-    return options_extension().fused_loss(rows.original, rows.targets, rows.weight, block, backward.group,
-                                          backward.grid, loss_shape)
+        first_bad_target(t, problem.cols, options.ignore_index)
+    stream = current_stream(problem.device)
+    ws = _workspace(problem.device, stream, problem.workspace[3])
+    block = pack(problem, x, t, weight, _NOTHING, stream, ws)
+    loss_shape = problem.samples_shape if problem.per_row else ()
+    return options_extension().fused_loss(logits, t, weight, block, problem.gradient.group, problem.gradient.grid,
+                                          loss_shape)
 
 
 # ==========================================================================================

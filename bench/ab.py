@@ -76,7 +76,7 @@ def as_sm75(module):
     module.default_extension = lambda: sm75
     gpu = module.device_gpu(torch.cuda.current_device())._replace(cc=75)
     module.device_gpu = lambda _: gpu
-    module.plan_on.cache_clear()
+    forget_plans(module)
     return module
 
 
@@ -105,7 +105,14 @@ def build_times(versions, extensions_dir):
 def force_loads(module, evict_first):
     """The policy's kind of load (None), or one forced on every plan."""
     module._evict_first = module.policy_evict_first if evict_first is None else lambda *_, forced=evict_first: forced
-    module.plan_on.cache_clear()
+    forget_plans(module)
+
+
+def forget_plans(module):
+    """Drops the plans a version keeps: its problems (forget_problems), or where it has none, the cache
+    of its plan_on."""
+    forget = getattr(module, "forget_problems", None)
+    (forget or module.plan_on.cache_clear)()
 
 
 def bits(x):

@@ -43,18 +43,18 @@ def policy(monkeypatch):
     """Replaces a name the dispatch plans or launches with for a test: a policy function
     ("_evict_first"), the GPU the policy reads ("device_gpu"), an extension ("default_extension").
     Each module that holds the name gets the replacement (the package imports names, not modules), and
-    the plans cached per problem are dropped on the way in and on the way out, so that no test sees
-    another's."""
+    the problems the dispatch keeps (their plans) are dropped on the way in and on the way out, so that
+    no test sees another's."""
     from crossent import dispatch, gradient
     from crossent import policy as launch_policy
     modules = (launch_policy, dispatch, gradient)
-    cached = dispatch.plan_on  # (itself replaceable)
+    forget = dispatch.forget_problems  # (itself replaceable)
 
     def replace(name, value):
         holders = [module for module in modules if hasattr(module, name)]
         assert holders, f"no module of the dispatch holds {name}"
         for module in holders:
             monkeypatch.setattr(module, name, value)
-        cached.cache_clear()
+        forget()
     yield replace
-    cached.cache_clear()
+    forget()

@@ -24,7 +24,7 @@ kinds = (True, False) if "--both-loads" in sys.argv else (False,) if "--plain-lo
 for evict_first in kinds:
     if evict_first is not None:
         policy._evict_first = lambda *_, forced=evict_first: forced
-        dispatch.plan_on.cache_clear()  # plans are cached per problem
+        dispatch.forget_problems()  # plans are kept per problem
     for dtype in DTYPES.values():
         for tdtype in (torch.int64, torch.int32):
             for rows, cols in SHAPES:

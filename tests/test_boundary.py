@@ -49,12 +49,11 @@ def test_every_field_is_packed_by_name():
         params.PARAMS_STRUCT.pack(*params.Params(**dict(fields, group=2**40)))
 
 
-def test_the_dispatch_names_every_field():
-    """dispatch.pack fills the block with every field of params.PARAMS in its order, one argument a line,
-    each line naming its field in a comment."""
-    source = textwrap.dedent(inspect.getsource(dispatch.pack))
+def _named_arguments(function, packer):
+    """The field each argument of `function`'s call of `packer` names in its line's comment."""
+    source = textwrap.dedent(inspect.getsource(function))
     call = next(node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
-                and ast.unparse(node.func) == "PARAMS_STRUCT.pack")
+                and ast.unparse(node.func) == packer)
     lines = source.split("\n")
     named = []
     for argument in call.args:
@@ -63,7 +62,37 @@ def test_the_dispatch_names_every_field():
         assert comment, lines[argument.lineno - 1]
         named.append(comment.group(1))
     assert len({argument.lineno for argument in call.args}) == len(call.args)  # one argument a line
-    assert named == [name for name, *_ in params.PARAMS]
+    return named
+
+
+def test_the_dispatch_names_every_field():
+    """dispatch.pack fills the call's parts of the block (params.CALL_PARTS) and dispatch.problem_fields
+    the problem's (params.PROBLEM_PARTS), one argument a line, each line naming its field in a comment:
+    each part's fields in params.PARTS' order."""
+    named = [_named_arguments(dispatch.pack, "CALL_PARTS[0].pack"),
+             _named_arguments(dispatch.problem_fields, "PROBLEM_PARTS[0].pack"),
+             _named_arguments(dispatch.pack, "CALL_PARTS[1].pack"),
+             _named_arguments(dispatch.problem_fields, "PROBLEM_PARTS[1].pack")]
+    assert named == [[name for name, *_ in part] for part in params.PARTS]
+
+
+def test_the_calls_fields_are_its_pointers():
+    """The fields packed at every call are the data pointers and the stream, and only they: every other
+    field is the problem's, packed once (dispatch.problem_fields)."""
+    pointers = [name for name, ctype, *_ in params.PARAMS if ctype.endswith("*") or ctype == "cudaStream_t"]
+    assert pointers == [name for part in params.PARTS[0::2] for name, *_ in part]
+
+
+def test_the_block_packs_in_parts_as_in_one():
+    """The parts, packed apart and joined, are the block packed whole: each starts where C's layout puts
+    it."""
+    values = params.Params._make(range(1, len(params.PARAMS) + 1))
+    parts, start = [], 0
+    for part, packer in zip(params.PARTS, (params.CALL_PARTS[0], params.PROBLEM_PARTS[0], params.CALL_PARTS[1],
+                                            params.PROBLEM_PARTS[1])):
+        parts.append(packer.pack(*values[start:start + len(part)]))
+        start += len(part)
+    assert b"".join(parts) == params.PARAMS_STRUCT.pack(*values)
 
 
 def test_the_binding_declares_what_the_cuda_source_defines():

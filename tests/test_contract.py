@@ -1,7 +1,7 @@
 """The contract, whichever kernel family takes a problem: ModelNew against float64 on fresh random
 inputs in every dtype, target type, view and kind of load; special values, ignore_index, bad
-targets and bad inputs as PyTorch has them; determinism, no caching, graphs and streams; and the
-tools (run_eval, compute-sanitizer) end to end."""
+targets and bad inputs as PyTorch has them; determinism, no result cached (a problem's plan kept),
+graphs and streams; and the tools (run_eval, compute-sanitizer) end to end."""
 import json
 import os
 import shutil
@@ -252,6 +252,44 @@ def test_no_result_is_cached(model):
     x[7, t[7]] -= 50.0  # same tensor, new values
     b = model(x, t).item()
     assert b > a and abs((b - a) - 50.0 / 4096) < 1e-3
+
+
+def test_a_problem_is_worked_out_once(policy):
+    """A problem's first call checks the tensors, lays them out and plans; its later calls, whatever
+    their data (the class weights' values included), launch with no plan, and give the bits a call that
+    works the problem out anew gives. A change that a check, the layout or the plan reads is another
+    problem; logits the kernels cannot read in place are laid out anew at every call."""
+    planned = []
+    plan_rows = dispatch.plan_rows
+    policy("plan_rows", lambda *args, **kwargs: planned.append(args[0].rows) or plan_rows(*args, **kwargs))
+
+    def plans(fn):  # (plans made, result, the result of a call that works the problem out anew)
+        before = len(planned)
+        got = fn()
+        made = len(planned) - before
+        dispatch.forget_problems()
+        return made, got, fn()
+
+    x, t = logits(300, 1000, torch.bfloat16), targets(300, 1000)
+    w = (torch.rand(1000, device="cuda") + 0.1).to(torch.bfloat16)
+    assert plans(lambda: crossent.cross_entropy(x, t, w, label_smoothing=0.1))[0] == 1
+    for _ in range(3):
+        x, t, w = logits(300, 1000, torch.bfloat16), targets(300, 1000), torch.rand_like(w) + 0.1
+        made, got, anew = plans(lambda: crossent.cross_entropy(x, t, w, label_smoothing=0.1))
+        assert made == 0 and torch.equal(got, anew)
+    flat = logits(1, 300 * 1000 + 8, torch.bfloat16)[0]
+    others = [lambda: crossent.cross_entropy(x.float(), t), lambda: crossent.cross_entropy(x[:299], t[:299]),
+              lambda: crossent.cross_entropy(x[:, :999], t % 999), lambda: crossent.cross_entropy(x, t.int()),
+              lambda: crossent.cross_entropy(flat[1:300001].view(300, 1000), t),  # off the 16-byte grid
+              lambda: crossent.cross_entropy(x, t, reduction="none"), lambda: crossent.cross_entropy(x, t, w),
+              lambda: crossent.cross_entropy(x, t, z_loss=1e-4), lambda: crossent.cross_entropy(x.requires_grad_(), t)]
+    for fn in others:
+        made, got, anew = plans(fn)
+        assert made == 1 and torch.equal(got, anew)
+        made, again, _ = plans(fn)
+        assert made == 0 and torch.equal(again, got)
+    columns = logits(1000, 300, torch.bfloat16).T  # its classes not adjacent: copied, at every call
+    assert [plans(lambda: crossent.cross_entropy(columns, t))[0] for _ in range(2)] == [1, 1]
 
 
 def test_inputs_are_not_modified(model):

@@ -34,7 +34,7 @@ def test_exact_sum_is_the_same_in_any_schedule(model, monkeypatch, policy, rows,
     exact_off, weight_off, _, _ = workspace_layout(plan, rows)
     used = (weight_off + 8 * EXACT_WORDS) // 4
     for grid in (2, 3, 37, plan.grid // 2, plan.grid):
-        # every call's plan (dispatch.plan_rows': the fixture clears plan_on's cache, so plan_on stays)
+        # the problem's plan (dispatch.plan_rows'): the fixture forgets the problems kept, so the next call plans
         policy("plan_rows", lambda *_, **__: plan._replace(grid=grid))
         for _ in range(2):
             assert torch.equal(model(x, t), first), grid

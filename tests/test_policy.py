@@ -182,16 +182,12 @@ def test_fast_memory_reads_evict_first_up_to_6_l2_sizes_but_fp32_rows_outside_ti
         assert not plan_on(monkeypatch, "H200", rows + 1, cols, elem_bytes).evict_first, (cols, elem_bytes)
 
 
-def test_plan_on_reads_the_device_and_caches(monkeypatch):
+def test_plan_on_reads_the_device(monkeypatch):
     p = plan_on(monkeypatch, "H100", 32768, 4096, 4)
     assert p == plan(32768, 4096, 4) and p.grid == 132 * CTAS_PER_SM
     calls = []
     monkeypatch.setattr(dispatch, "device_gpu", lambda i: calls.append(i) or H100)
-    dispatch.plan_on.cache_clear()
-    for _ in range(3):
-        dispatch.plan_on(0, 100, 1000, 1000, 4, 0)
-    dispatch.plan_on.cache_clear()
-    assert calls == [0]
+    assert dispatch.plan_on(1, 100, 1000, 1000, 4, 0) == plan(100, 1000, 4) and calls == [1]
 
 
 @pytest.mark.parametrize("rows, cols", [(1, 3), (5, 4096), (70000, 3), (70000, 4096), (5, 300000), (32768, 4096)])
