@@ -65,6 +65,8 @@ def kind(data):
     if isinstance(data, dict):
         if "transformers" in data:
             return "hf"
+        if "host" in data:
+            return "host"
         return "run_eval" if "timings" in data else "ab" if data.keys() & {"timing", "build_times", "runs"} else None
     first = data[0] if data else {}
     return next((name for key, name in (("options", "options"), ("copy_ms", "train"), ("shape", "kdim"))
@@ -204,6 +206,22 @@ def hf_table(r):
                    f"{run['peak_bytes'] / 2**20:.0f} MiB", f"{run['step_ms']:.2f} ms"] for name, run in r["runs"].items()])
 
 
+def host_table(r):
+    """bench/host.py: per case, the forward's and the step's host time against eager's."""
+    rows = {}
+    for rec in r["host"]:
+        rows.setdefault(rec["case"], {})[rec["kind"]] = rec
+    body = []
+    for case, kinds in rows.items():
+        fwd, step = kinds["forward"], kinds["step"]
+        model = f"{fwd['ModelNew_us']:.1f}" if "ModelNew_us" in fwd else ""
+        body.append([case, f"{fwd['crossent_us']:.1f}", model, f"{fwd['eager_us']:.1f}",
+                     times(fwd["crossent_us"] / fwd["eager_us"]), f"{step['crossent_us']:.1f}",
+                     f"{step['eager_us']:.1f}", times(step["crossent_us"] / step["eager_us"])])
+    return table(["options", "forward", "ModelNew", "eager", "forward / eager", "step", "eager step",
+                  "step / eager"], body)
+
+
 def load(root):
     return {p.name: json.loads(p.read_text()) for p in sorted((root / "bench" / "results").glob("*.json"))}
 
@@ -271,6 +289,11 @@ def results_md(root, results):
                 f"{r['sequence']} tokens under {r['autocast']} autocast from the same weights, batches and dropout "
                 "masks, once per loss: transformers' own, one in float64, crossent's. The float64 run's distance "
                 "is what rounding alone moves the curve; the time per step includes the optimizer and a sync.")
+    for n, r in group(results, "host").items():
+        section(f"`bench/host.py`: {n}", {n: r}, host_table(r),
+                f"Host time per call in us, logits {' x '.join(map(str, r['shape']))} {r['dtype']}: the least of "
+                f"{r['rounds']} rounds of {r['calls']} calls and one synchronization, the implementations taking "
+                "turns. The step: the loss and its backward into the logits' gradient (incoming gradient ones).")
     unknown = [f"`{n}`" for n, d in results.items() if kind(d) is None]
     out += ["", f"Not tabulated, in a format this script does not know: {', '.join(unknown)}."] * bool(unknown)
     pngs = [p.name for p in sorted((root / "bench" / "results").glob("*.png")) if f"{p.stem}.json" not in results]

@@ -83,3 +83,15 @@ def test_a_file_without_a_date_says_so_and_one_with_a_date_gives_it():
     assert report.provenance({"a.json": {"device": "GPU", "torch": "2.x"}}).endswith(
         "Date: not recorded in the file.")
     assert "Date: 2030-01-02." in report.provenance({"a.json": {"device": "GPU", "torch": "2.x", "date": "2030-01-02"}})
+
+
+def test_host_times_are_tabulated_against_eager(tree):
+    """bench/host.py's file: a row per case, each time beside eager's and their ratio."""
+    rows = [{"case": "defaults", "kind": "forward", "crossent_us": 12.0, "ModelNew_us": 11.0, "eager_us": 16.0},
+            {"case": "defaults", "kind": "step", "crossent_us": 80.0, "eager_us": 180.0}]
+    data = {"device": "GPU", "torch": "2.x", "date": "2030-01-02", "shape": [1024, 1000], "dtype": "bfloat16",
+            "calls": 300, "rounds": 5, "host": rows}
+    (tree / "bench" / "results" / "gpu_host.json").write_text(json.dumps(data))
+    report.write(tree)
+    text = (tree / "bench" / "RESULTS.md").read_text()
+    assert "| defaults | 12.0 | 11.0 | 16.0 | 0.75x | 80.0 | 180.0 | 0.44x |" in text
