@@ -556,13 +556,15 @@ PARTS = (
         ("probs", "const void*", "Q", "streamed: probability targets, the logits' shape; null: class indices"),
         # The gradient's (kFamilyGradient); the fused family's too: grad, grad_out, weight_total.
         ("grad", "void*", "Q", "d loss / d logits, the logits' dtype, rows grad_row_stride elements apart"),
-        ("grad_out", "float*", "Q", "the loss's incoming gradient (the mean's over its divisor): one, or one a "
-                                    "row; a fused launch of the mean stores 1 / divisor there first"),
+        ("grad_out", "void*", "Q", "the loss's incoming gradient in grad_dtype: one, or one a row; a fused "
+                                   "launch of the mean stores its 1 / divisor there first, in float32"),
+        ("grad_scale", "const float*", "Q", "the mean's 1 / divisor, which grad_out's gradient is multiplied by; "
+                                            "null: 1"),
         ("grad_lse", "const float*", "Q", "the log-sum-exp's incoming gradient, one a row; null: none"),
         ("weight_total", "const float*", "Q", "the class weights' sum, where label smoothing weighs every class"),
         ("grad_probs", "void*", "Q", "d loss / d probabilities, their dtype, laid out as grad; null: not asked"),
-        ("grad_in", "const float*", "Q", "after a fused forward: the loss's incoming gradient as given (grad_out's "
-                                         "shape); rows where it is 1 hold theirs. null: none"),
+        ("grad_in", "const void*", "Q", "after a fused forward: the loss's incoming gradient as given, in "
+                                        "grad_dtype; rows where it is 1 hold theirs. null: none"),
     ),
     (  # a problem's
         ("ignore_index", "long long", "q", "targets to skip"),
@@ -575,6 +577,7 @@ PARTS = (
         ("class_stride", "long long", "q", "streamed: elements from a class to the next (d1 * ... * dk; 1: "
                                            "contiguous)"),
         ("probs_dtype", "int", "i", "kFloat32, the logits' dtype, or kClassIndices"),
+        ("grad_dtype", "int", "i", "grad_out's and grad_in's: kFloat32, kBFloat16 or kFloat16"),
         ("softcap", "float", "f", "streamed: each logit x read as softcap * tanh(x / softcap); 0: as it is"),
         ("softcap_rate", "float", "f", "... 2 log2(e) / softcap"),
         ("grad_row_stride", "long long", "q", "the gradient's: elements from a row to the next (the logits' "
@@ -998,6 +1001,13 @@ struct F16 : Packed16<F16> {
 // One scalar from global memory, as a float.
 template <class E>
 __device__ __forceinline__ float load_scalar(const typename E::Storage* p) { return E::value(__ldg(p)); }
+
+// Element i of an array of kFloat32, kBFloat16 or kFloat16 (`dtype`), as a float.
+__device__ __forceinline__ float scalar_of(int dtype, const void* p, long long i) {
+  if (dtype == kBFloat16) return load_scalar<BF16>(static_cast<const BF16::Storage*>(p) + i);
+  if (dtype == kFloat16) return load_scalar<F16>(static_cast<const F16::Storage*>(p) + i);
+  return load_scalar<F32>(static_cast<const float*>(p) + i);
+}
 
 // All -inf in every element: what a vector past the end of a row reads as, adding exp(-inf) = 0.
 template <class E>
@@ -1733,7 +1743,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
 
     // The gradient, from the registers (the gradient kernel's factors, with g and l as above).
     // g and the weights' sum, loaded again for each row (from L1): held across the loop, one spilled.
-    const float g = p.grad_out ? __ldg(p.grad_out) : 1.f;
+    const float g = p.grad_out ? __ldg(static_cast<const float*>(p.grad_out)) : 1.f;  // the divisor kernel's
     const float all_weights = class_weights ? __ldg(p.weight_total) : float(p.cols);
     const RowGradient r = class_row_gradient(p, make_float2(st.m, st.s), code, w_t, g, 0.f, all_weights, class_weights);
     uint4* dx_vecs = reinterpret_cast<uint4*>(dx_row + cut.head);
@@ -1803,7 +1813,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_divisor
   const Total total = whole_rows_total(p);
   if (threadIdx.x == 0) {
     *p.ignored_rows = 0;
-    *p.grad_out = float(1.0 / total.divisor);
+    *static_cast<float*>(p.grad_out) = float(1.0 / total.divisor);
   }
 }
 
@@ -1855,8 +1865,9 @@ namespace {
 // The options build's backward: d loss / d logits, and where asked d loss / d probability targets,
 // from every row's (m, s), which the forward saves, in one read of the logits (the probabilities: two, their
 // sum first) and one write of the gradient. Row r's, with e_j = exp(y_j - lse) the softmax of its logits y (capped where
-// asked), g the loss's incoming gradient (over the mean's divisor, which the host divides by on the
-// device; the row's own for reduction none) and w_j the class weights (1 without):
+// asked), g the loss's incoming gradient (over the mean's divisor: divided by on the device, or after
+// a fused forward times its 1 / divisor here, incoming_gradient; the row's own for reduction none) and
+// w_j the class weights (1 without):
 //   dx_j = (g (a e_j - b_j) + l e_j) y'_j,   dq_j = g (1 - eps) w_j (lse - y_j)
 // b_j: class j's share of the row's loss: for class indices eps / C w_j, plus (1 - eps) w_t at the
 // target t; for probabilities q, w_j ((1 - eps) q_j + eps / C). a: the shares' sum, so that a e_j -
@@ -1898,15 +1909,23 @@ struct RowInputs {
   TargetWords target;
   bool written;
 };
+// The loss's incoming gradient g of row i (of every row: 0), as the formula reads it: as given
+// (Params::grad_out, in grad_dtype), times the mean's 1 / divisor where grad_scale holds it, rounded once.
+__device__ __forceinline__ float incoming_gradient(const Params& p, long long i) {
+  const float g = scalar_of(p.grad_dtype, p.grad_out, i);
+  return p.grad_scale ? __fmul_rn(g, *p.grad_scale) : g;
+}
+
 template <bool kProbs>
 __device__ __forceinline__ RowInputs load_row_inputs(const Params& p, long long row) {
   RowInputs in = {{0.f, 1.f}, 0.f, 0.f, {0u, 0u}, false};
   if (row < p.rows) {
     in.state = p.row_state[row];
-    if (p.reduction == kReductionNone) in.g = p.grad_out[row];
+    if (p.reduction == kReductionNone) in.g = incoming_gradient(p, row);
     if (p.grad_lse) in.l = p.grad_lse[row];
     if (!kProbs) in.target = load_target_words(p, row);
-    in.written = p.grad_in && p.grad_in[p.reduction == kReductionNone ? row : 0] == 1.f && in.l == 0.f;
+    in.written = p.grad_in && scalar_of(p.grad_dtype, p.grad_in, p.reduction == kReductionNone ? row : 0) == 1.f &&
+                 in.l == 0.f;
   }
   return in;
 }
@@ -1971,9 +1990,10 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
   const long long stride = kStrided ? p.class_stride : 1;
   const long long rows_a_step = (long long)gridDim.x * (kThreads / group);
   const bool class_weights = weighted(p) && (kProbs || smoothing(p));  // where a share reads w_j
-  const float g_all = p.reduction == kReductionNone ? 0.f : *p.grad_out;  // the mean's and the sum's, every row's
+  const float g_all = p.reduction == kReductionNone ? 0.f : incoming_gradient(p, 0);  // the mean's and the sum's
   const float all_weights = weighted(p) && !kProbs && smoothing(p) ? *p.weight_total : float(p.cols);
-  if (p.grad_in && p.reduction != kReductionNone && *p.grad_in == 1.f && !p.grad_lse) return;  // written throughout
+  if (p.grad_in && p.reduction != kReductionNone && scalar_of(p.grad_dtype, p.grad_in, 0) == 1.f && !p.grad_lse)
+    return;  // written throughout
 
   long long row = blockIdx.x * (kThreads / group) + threadIdx.x / group;
   RowInputs next = load_row_inputs<kProbs>(p, row);
@@ -2788,12 +2808,12 @@ template <class E>
 __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_scale_kernel(const Params p) {
   using S = typename E::Storage;
   const bool per_row = p.reduction == kReductionNone;
-  if (!per_row && *p.grad_in == 1.f) return;
+  if (!per_row && scalar_of(p.grad_dtype, p.grad_in, 0) == 1.f) return;
   const int group = p.group, lane = threadIdx.x & (group - 1);
   const long long stride = p.class_stride;
   for (long long row = (long long)blockIdx.x * (kThreads / group) + threadIdx.x / group; row < p.rows;
        row += (long long)gridDim.x * (kThreads / group)) {
-    const float g = p.grad_in[per_row ? row : 0];
+    const float g = scalar_of(p.grad_dtype, p.grad_in, per_row ? row : 0);
     if (g == 1.f) continue;
     const long long n = row / stride, s = row - n * stride;
     S* dx_row = static_cast<S*>(p.grad) + n * p.grad_row_stride + s;
@@ -3754,15 +3774,20 @@ struct FusedLoss : torch::autograd::Function<FusedLoss> {
     if (!grad.defined())  // only the log-sum-exp reached the result
       grad = p.reduction == kReductionNone ? at::zeros({int64_t(p.rows)}, logits.options().dtype(at::kFloat))
                                            : at::zeros({}, logits.options().dtype(at::kFloat));
-    const at::Tensor grad_in = grad.reshape(-1).to(at::kFloat).contiguous();
-    const at::Tensor grad_out = scale.defined() ? grad_in * scale : grad_in;  // the mean's over its divisor
+    // The incoming gradient as given, in its dtype; the kernel multiplies it by the mean's 1 / divisor
+    // (scale): no launch here to convert or divide it.
+    const at::Tensor grad_in = grad.reshape(-1).contiguous();
     const at::Tensor grad_lse = grads[1].defined() ? grads[1].select(1, 0).to(at::kFloat).contiguous() : at::Tensor();
     const at::Tensor dx = written.isTensor() ? written.toTensor() : empty_gradient(logits);
     p.stream = c10::cuda::getCurrentCUDAStream(logits.get_device()).stream();
     p.grad = dx.data_ptr();
-    p.grad_out = pointer<float>(grad_out);
+    p.grad_out = grad_in.data_ptr();
+    p.grad_scale = pointer<const float>(scale);
+    p.grad_dtype = grad_in.scalar_type() == at::ScalarType::BFloat16 ? ::kBFloat16
+                   : grad_in.scalar_type() == at::ScalarType::Half   ? ::kFloat16
+                                                                     : ::kFloat32;
     p.grad_lse = pointer<const float>(grad_lse);
-    p.grad_in = written.isTensor() ? pointer<const float>(grad_in) : nullptr;
+    p.grad_in = written.isTensor() ? grad_in.data_ptr() : nullptr;
     launch_params(p);
     return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -4394,6 +4419,7 @@ def problem_fields(rows, plan, options):
         targets.stride(0) if probs else 0,                 # probs_stride
         rows.class_stride,                                 # class_stride
         DTYPE_CODES[targets.dtype] if probs else CLASS_INDICES,  # probs_dtype
+        DTYPE_CODES[torch.float32],                        # grad_dtype
         softcap,                                           # softcap
         2 / math.log(2) / softcap if softcap else 0.0,     # softcap_rate
         cols,                                              # grad_row_stride
@@ -4468,6 +4494,7 @@ def pack(problem, x, targets, weight, outputs, stream, ws):
         targets.data_ptr() if probs else 0,                # probs
         0 if dx is None else dx.data_ptr(),                # grad
         0 if scale is None else scale.data_ptr(),          # grad_out
+        0,                                                 # grad_scale
         0,                                                 # grad_lse
         0 if weight_total is None else weight_total.data_ptr(),  # weight_total
         0,                                                 # grad_probs
@@ -4587,12 +4614,13 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
     weight, smoothing, softcap = options.weight, options.label_smoothing, options.softcap
     weight = weight.contiguous() if weight is not None else None
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing and not probs else None
-    grad_in = grad_out = grad.reshape(-1).float().contiguous()
+    grad_in = grad_out = grad.reshape(-1).contiguous()  # as given: the kernel reads its dtype
+    scale = None
     if options.reduction == "mean":  # over the mean's divisor, on the device: no host synchronization
         if written:
-            grad_out = grad_in * written.scale
+            scale = written.scale  # the fused forward's 1 / divisor, which the kernel multiplies by
         else:
-            grad_out = grad_in / (rows if probs else _counted(t, weight, options.ignore_index))
+            grad_out = grad_in.float() / (rows if probs else _counted(t, weight, options.ignore_index))
     grad_lse = grad_lse.reshape(-1).float().contiguous() if grad_lse is not None else None
     _launch_on_rows(
         GRADIENT, x, rows, class_stride, logits=x.data_ptr(), targets=0 if probs else t.data_ptr(),
@@ -4603,6 +4631,7 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
         probs_stride=t.stride(0) if probs else 0, probs_dtype=DTYPE_CODES[t.dtype] if probs else CLASS_INDICES,
         softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
         grad_row_stride=kernel_view(dx).stride(0), grad_out=grad_out.data_ptr(),
+        grad_dtype=DTYPE_CODES[grad_out.dtype], grad_scale=0 if scale is None else scale.data_ptr(),
         grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),
         weight_total=0 if weight_total is None else weight_total.data_ptr(),
         grad_probs=0 if dq is None else dq.data_ptr(), grad_in=grad_in.data_ptr() if written else 0)
@@ -4614,9 +4643,9 @@ def scale_in_place(dx, grad, reduction):
     the device: every row where one grad serves them all and it is not 1, else each row whose own is
     not 1 (cross_entropy_scale_kernel)."""
     x, _, class_stride, rows, _ = as_rows(dx)
-    grad_in = grad.reshape(-1).float().contiguous()
+    grad_in = grad.reshape(-1).contiguous()  # as given: the kernel reads its dtype
     _launch_on_rows(SCALE, x, rows, class_stride, reduction=REDUCTIONS[reduction], grad=x.data_ptr(),
-                    grad_row_stride=x.stride(0), grad_in=grad_in.data_ptr())
+                    grad_row_stride=x.stride(0), grad_in=grad_in.data_ptr(), grad_dtype=DTYPE_CODES[grad_in.dtype])
     return dx
 
 

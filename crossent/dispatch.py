@@ -174,6 +174,7 @@ def problem_fields(rows, plan, options):
         targets.stride(0) if probs else 0,                 # probs_stride
         rows.class_stride,                                 # class_stride
         DTYPE_CODES[targets.dtype] if probs else CLASS_INDICES,  # probs_dtype
+        DTYPE_CODES[torch.float32],                        # grad_dtype
         softcap,                                           # softcap
         2 / math.log(2) / softcap if softcap else 0.0,     # softcap_rate
         cols,                                              # grad_row_stride
@@ -248,6 +249,7 @@ def pack(problem, x, targets, weight, outputs, stream, ws):
         targets.data_ptr() if probs else 0,                # probs
         0 if dx is None else dx.data_ptr(),                # grad
         0 if scale is None else scale.data_ptr(),          # grad_out
+        0,                                                 # grad_scale
         0,                                                 # grad_lse
         0 if weight_total is None else weight_total.data_ptr(),  # weight_total
         0,                                                 # grad_probs

@@ -36,12 +36,13 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
     weight, smoothing, softcap = options.weight, options.label_smoothing, options.softcap
     weight = weight.contiguous() if weight is not None else None
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing and not probs else None
-    grad_in = grad_out = grad.reshape(-1).float().contiguous()
+    grad_in = grad_out = grad.reshape(-1).contiguous()  # as given: the kernel reads its dtype
+    scale = None
     if options.reduction == "mean":  # over the mean's divisor, on the device: no host synchronization
         if written:
-            grad_out = grad_in * written.scale
+            scale = written.scale  # the fused forward's 1 / divisor, which the kernel multiplies by
         else:
-            grad_out = grad_in / (rows if probs else _counted(t, weight, options.ignore_index))
+            grad_out = grad_in.float() / (rows if probs else _counted(t, weight, options.ignore_index))
     grad_lse = grad_lse.reshape(-1).float().contiguous() if grad_lse is not None else None
     _launch_on_rows(
         GRADIENT, x, rows, class_stride, logits=x.data_ptr(), targets=0 if probs else t.data_ptr(),
@@ -52,6 +53,7 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
         probs_stride=t.stride(0) if probs else 0, probs_dtype=DTYPE_CODES[t.dtype] if probs else CLASS_INDICES,
         softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
         grad_row_stride=kernel_view(dx).stride(0), grad_out=grad_out.data_ptr(),
+        grad_dtype=DTYPE_CODES[grad_out.dtype], grad_scale=0 if scale is None else scale.data_ptr(),
         grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),
         weight_total=0 if weight_total is None else weight_total.data_ptr(),
         grad_probs=0 if dq is None else dq.data_ptr(), grad_in=grad_in.data_ptr() if written else 0)
@@ -63,9 +65,9 @@ def scale_in_place(dx, grad, reduction):
     the device: every row where one grad serves them all and it is not 1, else each row whose own is
     not 1 (cross_entropy_scale_kernel)."""
     x, _, class_stride, rows, _ = as_rows(dx)
-    grad_in = grad.reshape(-1).float().contiguous()
+    grad_in = grad.reshape(-1).contiguous()  # as given: the kernel reads its dtype
     _launch_on_rows(SCALE, x, rows, class_stride, reduction=REDUCTIONS[reduction], grad=x.data_ptr(),
-                    grad_row_stride=x.stride(0), grad_in=grad_in.data_ptr())
+                    grad_row_stride=x.stride(0), grad_in=grad_in.data_ptr(), grad_dtype=DTYPE_CODES[grad_in.dtype])
     return dx
 
 

@@ -58,13 +58,15 @@ PARTS = (
         ("probs", "const void*", "Q", "streamed: probability targets, the logits' shape; null: class indices"),
         # The gradient's (kFamilyGradient); the fused family's too: grad, grad_out, weight_total.
         ("grad", "void*", "Q", "d loss / d logits, the logits' dtype, rows grad_row_stride elements apart"),
-        ("grad_out", "float*", "Q", "the loss's incoming gradient (the mean's over its divisor): one, or one a "
-                                    "row; a fused launch of the mean stores 1 / divisor there first"),
+        ("grad_out", "void*", "Q", "the loss's incoming gradient in grad_dtype: one, or one a row; a fused "
+                                   "launch of the mean stores its 1 / divisor there first, in float32"),
+        ("grad_scale", "const float*", "Q", "the mean's 1 / divisor, which grad_out's gradient is multiplied by; "
+                                            "null: 1"),
         ("grad_lse", "const float*", "Q", "the log-sum-exp's incoming gradient, one a row; null: none"),
         ("weight_total", "const float*", "Q", "the class weights' sum, where label smoothing weighs every class"),
         ("grad_probs", "void*", "Q", "d loss / d probabilities, their dtype, laid out as grad; null: not asked"),
-        ("grad_in", "const float*", "Q", "after a fused forward: the loss's incoming gradient as given (grad_out's "
-                                         "shape); rows where it is 1 hold theirs. null: none"),
+        ("grad_in", "const void*", "Q", "after a fused forward: the loss's incoming gradient as given, in "
+                                        "grad_dtype; rows where it is 1 hold theirs. null: none"),
     ),
     (  # a problem's
         ("ignore_index", "long long", "q", "targets to skip"),
@@ -77,6 +79,7 @@ PARTS = (
         ("class_stride", "long long", "q", "streamed: elements from a class to the next (d1 * ... * dk; 1: "
                                            "contiguous)"),
         ("probs_dtype", "int", "i", "kFloat32, the logits' dtype, or kClassIndices"),
+        ("grad_dtype", "int", "i", "grad_out's and grad_in's: kFloat32, kBFloat16 or kFloat16"),
         ("softcap", "float", "f", "streamed: each logit x read as softcap * tanh(x / softcap); 0: as it is"),
         ("softcap_rate", "float", "f", "... 2 log2(e) / softcap"),
         ("grad_row_stride", "long long", "q", "the gradient's: elements from a row to the next (the logits' "

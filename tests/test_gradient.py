@@ -320,6 +320,25 @@ def test_the_fused_forward_writes_the_gradient_and_the_backward_keeps_it(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+def test_the_fused_steps_backward_is_one_launch(dtype):
+    """After the fused forward, the backward launches the gradient kernel and nothing else: the kernel
+    reads the incoming gradient in its dtype, and the mean's 1 / divisor, itself."""
+    x, t = logits(256, 1000, dtype).requires_grad_(), class_targets((256, 1000), 1000)
+    for options in ({}, {"reduction": "sum"}, {"reduction": "none"}):
+        x.grad = None
+        loss = crossent.cross_entropy(x, t, **options)
+        grad = (torch.rand(loss.shape, device="cuda") + 0.5).to(loss.dtype)  # not 1: every row written anew
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            loss.backward(grad)
+            torch.cuda.synchronize()
+        kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        assert len(kernels) == 1 and "cross_entropy_gradient_kernel" in kernels[0], (options, kernels)
+        assert_gradient(x.grad, float64_gradients(x, t, grad, options)[0], dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 def test_clusters_take_row_after_row(dtype):
     """Rows held by a thread-block cluster (sm_90 on), many to a cluster: the claims it sends between
     its CTAs, both parities of their shared slots and the arrival barriers' phases, at 2 to 16 CTAs a

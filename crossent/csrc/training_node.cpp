@@ -80,15 +80,20 @@ struct FusedLoss : torch::autograd::Function<FusedLoss> {
     if (!grad.defined())  // only the log-sum-exp reached the result
       grad = p.reduction == kReductionNone ? at::zeros({int64_t(p.rows)}, logits.options().dtype(at::kFloat))
                                            : at::zeros({}, logits.options().dtype(at::kFloat));
-    const at::Tensor grad_in = grad.reshape(-1).to(at::kFloat).contiguous();
-    const at::Tensor grad_out = scale.defined() ? grad_in * scale : grad_in;  // the mean's over its divisor
+    // The incoming gradient as given, in its dtype; the kernel multiplies it by the mean's 1 / divisor
+    // (scale): no launch here to convert or divide it.
+    const at::Tensor grad_in = grad.reshape(-1).contiguous();
     const at::Tensor grad_lse = grads[1].defined() ? grads[1].select(1, 0).to(at::kFloat).contiguous() : at::Tensor();
     const at::Tensor dx = written.isTensor() ? written.toTensor() : empty_gradient(logits);
     p.stream = c10::cuda::getCurrentCUDAStream(logits.get_device()).stream();
     p.grad = dx.data_ptr();
-    p.grad_out = pointer<float>(grad_out);
+    p.grad_out = grad_in.data_ptr();
+    p.grad_scale = pointer<const float>(scale);
+    p.grad_dtype = grad_in.scalar_type() == at::ScalarType::BFloat16 ? ::kBFloat16
+                   : grad_in.scalar_type() == at::ScalarType::Half   ? ::kFloat16
+                                                                     : ::kFloat32;
     p.grad_lse = pointer<const float>(grad_lse);
-    p.grad_in = written.isTensor() ? pointer<const float>(grad_in) : nullptr;
+    p.grad_in = written.isTensor() ? grad_in.data_ptr() : nullptr;
     launch_params(p);
     return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

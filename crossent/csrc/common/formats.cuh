@@ -115,6 +115,13 @@ struct F16 : Packed16<F16> {
 template <class E>
 __device__ __forceinline__ float load_scalar(const typename E::Storage* p) { return E::value(__ldg(p)); }
 
+// Element i of an array of kFloat32, kBFloat16 or kFloat16 (`dtype`), as a float.
+__device__ __forceinline__ float scalar_of(int dtype, const void* p, long long i) {
+  if (dtype == kBFloat16) return load_scalar<BF16>(static_cast<const BF16::Storage*>(p) + i);
+  if (dtype == kFloat16) return load_scalar<F16>(static_cast<const F16::Storage*>(p) + i);
+  return load_scalar<F32>(static_cast<const float*>(p) + i);
+}
+
 // All -inf in every element: what a vector past the end of a row reads as, adding exp(-inf) = 0.
 template <class E>
 __device__ __forceinline__ uint4 neg_inf_vec() {

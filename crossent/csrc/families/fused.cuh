@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
 
     // The gradient, from the registers (the gradient kernel's factors, with g and l as above).
     // g and the weights' sum, loaded again for each row (from L1): held across the loop, one spilled.
-    const float g = p.grad_out ? __ldg(p.grad_out) : 1.f;
+    const float g = p.grad_out ? __ldg(static_cast<const float*>(p.grad_out)) : 1.f;  // the divisor kernel's
     const float all_weights = class_weights ? __ldg(p.weight_total) : float(p.cols);
     const RowGradient r = class_row_gradient(p, make_float2(st.m, st.s), code, w_t, g, 0.f, all_weights, class_weights);
     uint4* dx_vecs = reinterpret_cast<uint4*>(dx_row + cut.head);
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_divisor
   const Total total = whole_rows_total(p);
   if (threadIdx.x == 0) {
     *p.ignored_rows = 0;
-    *p.grad_out = float(1.0 / total.divisor);
+    *static_cast<float*>(p.grad_out) = float(1.0 / total.divisor);
   }
 }
 

@@ -8,8 +8,9 @@ namespace {
 // The options build's backward: d loss / d logits, and where asked d loss / d probability targets,
 // from every row's (m, s), which the forward saves, in one read of the logits (the probabilities: two, their
 // sum first) and one write of the gradient. Row r's, with e_j = exp(y_j - lse) the softmax of its logits y (capped where
-// asked), g the loss's incoming gradient (over the mean's divisor, which the host divides by on the
-// device; the row's own for reduction none) and w_j the class weights (1 without):
+// asked), g the loss's incoming gradient (over the mean's divisor: divided by on the device, or after
+// a fused forward times its 1 / divisor here, incoming_gradient; the row's own for reduction none) and
+// w_j the class weights (1 without):
 //   dx_j = (g (a e_j - b_j) + l e_j) y'_j,   dq_j = g (1 - eps) w_j (lse - y_j)
 // b_j: class j's share of the row's loss: for class indices eps / C w_j, plus (1 - eps) w_t at the
 // target t; for probabilities q, w_j ((1 - eps) q_j + eps / C). a: the shares' sum, so that a e_j -
@@ -51,15 +52,23 @@ struct RowInputs {
   TargetWords target;
   bool written;
 };
+// The loss's incoming gradient g of row i (of every row: 0), as the formula reads it: as given
+// (Params::grad_out, in grad_dtype), times the mean's 1 / divisor where grad_scale holds it, rounded once.
+__device__ __forceinline__ float incoming_gradient(const Params& p, long long i) {
+  const float g = scalar_of(p.grad_dtype, p.grad_out, i);
+  return p.grad_scale ? __fmul_rn(g, *p.grad_scale) : g;
+}
+
 template <bool kProbs>
 __device__ __forceinline__ RowInputs load_row_inputs(const Params& p, long long row) {
   RowInputs in = {{0.f, 1.f}, 0.f, 0.f, {0u, 0u}, false};
   if (row < p.rows) {
     in.state = p.row_state[row];
-    if (p.reduction == kReductionNone) in.g = p.grad_out[row];
+    if (p.reduction == kReductionNone) in.g = incoming_gradient(p, row);
     if (p.grad_lse) in.l = p.grad_lse[row];
     if (!kProbs) in.target = load_target_words(p, row);
-    in.written = p.grad_in && p.grad_in[p.reduction == kReductionNone ? row : 0] == 1.f && in.l == 0.f;
+    in.written = p.grad_in && scalar_of(p.grad_dtype, p.grad_in, p.reduction == kReductionNone ? row : 0) == 1.f &&
+                 in.l == 0.f;
   }
   return in;
 }
@@ -124,9 +133,10 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
   const long long stride = kStrided ? p.class_stride : 1;
   const long long rows_a_step = (long long)gridDim.x * (kThreads / group);
   const bool class_weights = weighted(p) && (kProbs || smoothing(p));  // where a share reads w_j
-  const float g_all = p.reduction == kReductionNone ? 0.f : *p.grad_out;  // the mean's and the sum's, every row's
+  const float g_all = p.reduction == kReductionNone ? 0.f : incoming_gradient(p, 0);  // the mean's and the sum's
   const float all_weights = weighted(p) && !kProbs && smoothing(p) ? *p.weight_total : float(p.cols);
-  if (p.grad_in && p.reduction != kReductionNone && *p.grad_in == 1.f && !p.grad_lse) return;  // written throughout
+  if (p.grad_in && p.reduction != kReductionNone && scalar_of(p.grad_dtype, p.grad_in, 0) == 1.f && !p.grad_lse)
+    return;  // written throughout
 
   long long row = blockIdx.x * (kThreads / group) + threadIdx.x / group;
   RowInputs next = load_row_inputs<kProbs>(p, row);

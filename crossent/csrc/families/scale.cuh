@@ -13,12 +13,12 @@ template <class E>
 __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_scale_kernel(const Params p) {
   using S = typename E::Storage;
   const bool per_row = p.reduction == kReductionNone;
-  if (!per_row && *p.grad_in == 1.f) return;
+  if (!per_row && scalar_of(p.grad_dtype, p.grad_in, 0) == 1.f) return;
   const int group = p.group, lane = threadIdx.x & (group - 1);
   const long long stride = p.class_stride;
   for (long long row = (long long)blockIdx.x * (kThreads / group) + threadIdx.x / group; row < p.rows;
        row += (long long)gridDim.x * (kThreads / group)) {
-    const float g = p.grad_in[per_row ? row : 0];
+    const float g = scalar_of(p.grad_dtype, p.grad_in, per_row ? row : 0);
     if (g == 1.f) continue;
     const long long n = row / stride, s = row - n * stride;
     S* dx_row = static_cast<S*>(p.grad) + n * p.grad_row_stride + s;
