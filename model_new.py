@@ -4358,7 +4358,8 @@ def call(logits, targets, options, fuse=False):
     problem = _problems.get(key)
     if problem is not None:
         return problem, logits, targets, options.weight
-    rows = prepare(logits, targets, options)
+    with torch.no_grad():  # a copy the layout makes is the kernels' to read, not a step of the graph
+        rows = prepare(logits, targets, options)
     problem = _work_out(rows, options, fuse)
     weight = options.weight
     if key is not None and rows.logits.data_ptr() == logits.data_ptr() and rows.targets.data_ptr() == \
@@ -4547,12 +4548,13 @@ def _check_trains(problem):
         raise RuntimeError(f"the gradient takes at most {MAX_SEG} classes; got {problem.cols}")
 
 
-def train_forward(logits, targets, options, check_targets=False, fuse=False, inplace=False):
+def train_forward(logits, targets, options, check_targets=False, fuse=False, inplace=False, called=None):
     """(loss, state, written) of a loss that trains: state every row's (m, s), rows x 2 float32 (the
     gradient's input, and the log-sum-exp's: lse); where `fuse` (the logits alone require grad) and the
     fused family takes the problem, written (Written) the gradient it wrote for an incoming 1 (`inplace`:
-    over the logits, which must be where the kernels read them), else None."""
-    problem, x, t, weight = call(logits, targets, options, fuse)
+    over the logits, which must be where the kernels read them), else None. called: the call's (call's
+    result, with this `fuse`) where the caller has it already."""
+    problem, x, t, weight = called or call(logits, targets, options, fuse)
     _check_trains(problem)
     if inplace and x.data_ptr() != logits.data_ptr():
         raise RuntimeError("inplace=True writes the gradient where the kernels read the logits; these were copied "
@@ -4566,11 +4568,12 @@ def train_forward(logits, targets, options, check_targets=False, fuse=False, inp
     return out, outputs.state, None if outputs.dx is None else Written(outputs.dx, outputs.scale)
 
 
-def node_forward(logits, targets, options, check_targets=False):
+def node_forward(logits, called, options, check_targets=False):
     """(loss, state) of a loss whose logits alone train, with the loss's gradient as the training node's
     (csrc/training_node.cpp), which allocates them, where the fused family reads the logits in place;
-    else None, and nothing launched (the caller takes the autograd.Function, which checks the targets)."""
-    problem, x, t, weight = call(logits, targets, options, fuse=True)
+    else None, and nothing launched (the caller takes the autograd.Function, which checks the targets).
+    called: the call's (call's result, fuse=True)."""
+    problem, x, t, weight = called
     _check_trains(problem)
     if problem.gradient is None or x.data_ptr() != logits.data_ptr():
         return None
@@ -4600,16 +4603,11 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
     rows stand where grad is 1 and no grad_lse reaches them; into: where to write d loss / d logits,
     the logits themselves (each element is read before it is written, by the same thread)."""
     probs = targets.dtype.is_floating_point
-    shape, target_dtype = logits.shape, targets.dtype
+    target_dtype = targets.dtype
     x, t, class_stride, rows, _ = as_rows(logits, targets, probs)
     cols = x.shape[1]
     dx = written.dx if written else into if into is not None else empty_gradient(logits, x.dtype)
     dq = empty_gradient(logits, t.dtype) if probs and probs_grad else None
-
-    def kernel_view(g):  # the kernel's view: rows of C, or (strided classes) the (N, C, d1, ..., dk) itself
-        if class_stride > 1:
-            return g
-        return g.movedim(1, -1).view(rows, cols) if len(shape) > 2 else g.view(rows, cols)
 
     weight, smoothing, softcap = options.weight, options.label_smoothing, options.softcap
     weight = weight.contiguous() if weight is not None else None
@@ -4630,7 +4628,7 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
         label_smoothing=smoothing, smoothing_per_class=smoothing / cols, probs=t.data_ptr() if probs else 0,
         probs_stride=t.stride(0) if probs else 0, probs_dtype=DTYPE_CODES[t.dtype] if probs else CLASS_INDICES,
         softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
-        grad_row_stride=kernel_view(dx).stride(0), grad_out=grad_out.data_ptr(),
+        grad_row_stride=as_rows(dx)[0].stride(0), grad_out=grad_out.data_ptr(),
         grad_dtype=DTYPE_CODES[grad_out.dtype], grad_scale=0 if scale is None else scale.data_ptr(),
         grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),
         weight_total=0 if weight_total is None else weight_total.data_ptr(),
@@ -4666,7 +4664,7 @@ def _counted(targets, weight, ignore_index):
     """The mean's divisor for class indices (the rows counted, or their classes' weights), a 0-dim
     tensor on the device. Its float32 sum of weights may differ from the forward's exact one in the
     last bit; the gradient is that close to the loss's."""
-    counted = (targets if targets.dtype == torch.int64 else targets.long()) != ignore_index  # 64 bits, as the kernels
+    counted = targets.long() != ignore_index  # in 64 bits, as the kernels compare
     if weight is None:
         return counted.sum()
     return torch.where(counted, weight[targets.clamp(0, weight.shape[0] - 1)], 0).sum(dtype=torch.float32)
@@ -4731,10 +4729,11 @@ class CrossEntropyFunction(torch.autograd.Function):
     tensor saved from them (a "modified by an inplace operation" error), where it would have read the
     gradient in their place."""
     @staticmethod
-    def forward(ctx, input, target, options, check_targets, inplace):
-        # Where the logits alone train, the launch may write their gradient too.
+    def forward(ctx, input, target, options, check_targets, inplace, called=None):
+        # Where the logits alone train, the launch may write their gradient too. called: dispatch.call's
+        # result, where the training node declined the call.
         fuse = ctx.needs_input_grad[0] and not ctx.needs_input_grad[1]
-        loss, state, written = train_forward(input, target, options, check_targets, fuse, inplace)
+        loss, state, written = train_forward(input, target, options, check_targets, fuse, inplace, called)
         if inplace:
             if written is None:
                 ones = torch.ones(loss.shape, dtype=torch.float32, device=input.device)
@@ -4752,7 +4751,8 @@ class CrossEntropyFunction(torch.autograd.Function):
         if written is None and ctx.inplace:  # ... from the logits, which inplace overwrote
             raise RuntimeError("inplace=True: the logits hold the first backward's gradient, and a second backward "
                                "through the graph (retain_graph) needs the logits")
-        return *input_gradients(ctx, grad, grad_state, cross_entropy_backward, written, ctx.inplace), None, None, None
+        return *input_gradients(ctx, grad, grad_state, cross_entropy_backward, written, ctx.inplace), None, None, None, \
+            None
 
 
 # ==========================================================================================
@@ -4901,10 +4901,11 @@ def _kernels(input, target, options, check_targets, inplace):
                                "one), as PyTorch refuses in-place operations on them")
         if inplace and target.requires_grad:
             raise RuntimeError("inplace=True overwrites the logits, and the probability targets' gradient needs them")
-        trained = None
+        trained = called = None
         if input.requires_grad and not getattr(target, "requires_grad", False) and not inplace:
-            trained = node_forward(input, target, options, check_targets)
-        loss, state = trained or CrossEntropyFunction.apply(input, target, options, check_targets, inplace)
+            called = call(input, target, options, fuse=True)  # the node's, and where it declines the Function's
+            trained = node_forward(input, called, options, check_targets)
+        loss, state = trained or CrossEntropyFunction.apply(input, target, options, check_targets, inplace, called)
     return (loss, lse(state, input.shape)) if options.return_lse else loss
 
 

@@ -59,10 +59,11 @@ class CrossEntropyFunction(torch.autograd.Function):
     tensor saved from them (a "modified by an inplace operation" error), where it would have read the
     gradient in their place."""
     @staticmethod
-    def forward(ctx, input, target, options, check_targets, inplace):
-        # Where the logits alone train, the launch may write their gradient too.
+    def forward(ctx, input, target, options, check_targets, inplace, called=None):
+        # Where the logits alone train, the launch may write their gradient too. called: dispatch.call's
+        # result, where the training node declined the call.
         fuse = ctx.needs_input_grad[0] and not ctx.needs_input_grad[1]
-        loss, state, written = train_forward(input, target, options, check_targets, fuse, inplace)
+        loss, state, written = train_forward(input, target, options, check_targets, fuse, inplace, called)
         if inplace:
             if written is None:
                 ones = torch.ones(loss.shape, dtype=torch.float32, device=input.device)
@@ -80,4 +81,5 @@ class CrossEntropyFunction(torch.autograd.Function):
         if written is None and ctx.inplace:  # ... from the logits, which inplace overwrote
             raise RuntimeError("inplace=True: the logits hold the first backward's gradient, and a second backward "
                                "through the graph (retain_graph) needs the logits")
-        return *input_gradients(ctx, grad, grad_state, cross_entropy_backward, written, ctx.inplace), None, None, None
+        return *input_gradients(ctx, grad, grad_state, cross_entropy_backward, written, ctx.inplace), None, None, None, \
+            None

@@ -113,7 +113,8 @@ def call(logits, targets, options, fuse=False):
     problem = _problems.get(key)
     if problem is not None:
         return problem, logits, targets, options.weight
-    rows = prepare(logits, targets, options)
+    with torch.no_grad():  # a copy the layout makes is the kernels' to read, not a step of the graph
+        rows = prepare(logits, targets, options)
     problem = _work_out(rows, options, fuse)
     weight = options.weight
     if key is not None and rows.logits.data_ptr() == logits.data_ptr() and rows.targets.data_ptr() == \
@@ -302,12 +303,13 @@ def _check_trains(problem):
         raise RuntimeError(f"the gradient takes at most {MAX_SEG} classes; got {problem.cols}")
 
 
-def train_forward(logits, targets, options, check_targets=False, fuse=False, inplace=False):
+def train_forward(logits, targets, options, check_targets=False, fuse=False, inplace=False, called=None):
     """(loss, state, written) of a loss that trains: state every row's (m, s), rows x 2 float32 (the
     gradient's input, and the log-sum-exp's: lse); where `fuse` (the logits alone require grad) and the
     fused family takes the problem, written (Written) the gradient it wrote for an incoming 1 (`inplace`:
-    over the logits, which must be where the kernels read them), else None."""
-    problem, x, t, weight = call(logits, targets, options, fuse)
+    over the logits, which must be where the kernels read them), else None. called: the call's (call's
+    result, with this `fuse`) where the caller has it already."""
+    problem, x, t, weight = called or call(logits, targets, options, fuse)
     _check_trains(problem)
     if inplace and x.data_ptr() != logits.data_ptr():
         raise RuntimeError("inplace=True writes the gradient where the kernels read the logits; these were copied "
@@ -321,11 +323,12 @@ def train_forward(logits, targets, options, check_targets=False, fuse=False, inp
     return out, outputs.state, None if outputs.dx is None else Written(outputs.dx, outputs.scale)
 
 
-def node_forward(logits, targets, options, check_targets=False):
+def node_forward(logits, called, options, check_targets=False):
     """(loss, state) of a loss whose logits alone train, with the loss's gradient as the training node's
     (csrc/training_node.cpp), which allocates them, where the fused family reads the logits in place;
-    else None, and nothing launched (the caller takes the autograd.Function, which checks the targets)."""
-    problem, x, t, weight = call(logits, targets, options, fuse=True)
+    else None, and nothing launched (the caller takes the autograd.Function, which checks the targets).
+    called: the call's (call's result, fuse=True)."""
+    problem, x, t, weight = called
     _check_trains(problem)
     if problem.gradient is None or x.data_ptr() != logits.data_ptr():
         return None

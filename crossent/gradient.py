@@ -22,16 +22,11 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
     rows stand where grad is 1 and no grad_lse reaches them; into: where to write d loss / d logits,
     the logits themselves (each element is read before it is written, by the same thread)."""
     probs = targets.dtype.is_floating_point
-    shape, target_dtype = logits.shape, targets.dtype
+    target_dtype = targets.dtype
     x, t, class_stride, rows, _ = as_rows(logits, targets, probs)
     cols = x.shape[1]
     dx = written.dx if written else into if into is not None else empty_gradient(logits, x.dtype)
     dq = empty_gradient(logits, t.dtype) if probs and probs_grad else None
-
-    def kernel_view(g):  # the kernel's view: rows of C, or (strided classes) the (N, C, d1, ..., dk) itself
-        if class_stride > 1:
-            return g
-        return g.movedim(1, -1).view(rows, cols) if len(shape) > 2 else g.view(rows, cols)
 
     weight, smoothing, softcap = options.weight, options.label_smoothing, options.softcap
     weight = weight.contiguous() if weight is not None else None
@@ -52,7 +47,7 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
         label_smoothing=smoothing, smoothing_per_class=smoothing / cols, probs=t.data_ptr() if probs else 0,
         probs_stride=t.stride(0) if probs else 0, probs_dtype=DTYPE_CODES[t.dtype] if probs else CLASS_INDICES,
         softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
-        grad_row_stride=kernel_view(dx).stride(0), grad_out=grad_out.data_ptr(),
+        grad_row_stride=as_rows(dx)[0].stride(0), grad_out=grad_out.data_ptr(),
         grad_dtype=DTYPE_CODES[grad_out.dtype], grad_scale=0 if scale is None else scale.data_ptr(),
         grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),
         weight_total=0 if weight_total is None else weight_total.data_ptr(),
@@ -88,7 +83,7 @@ def _counted(targets, weight, ignore_index):
     """The mean's divisor for class indices (the rows counted, or their classes' weights), a 0-dim
     tensor on the device. Its float32 sum of weights may differ from the forward's exact one in the
     last bit; the gradient is that close to the loss's."""
-    counted = (targets if targets.dtype == torch.int64 else targets.long()) != ignore_index  # 64 bits, as the kernels
+    counted = targets.long() != ignore_index  # in 64 bits, as the kernels compare
     if weight is None:
         return counted.sum()
     return torch.where(counted, weight[targets.clamp(0, weight.shape[0] - 1)], 0).sum(dtype=torch.float32)

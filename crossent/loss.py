@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from .autograd import CrossEntropyFunction
-from .dispatch import forward, lse, node_forward
+from .dispatch import call, forward, lse, node_forward
 from .inputs import Options, check_options, check_targets_from_env
 from .ops import compiled_loss
 
@@ -55,10 +55,11 @@ def _kernels(input, target, options, check_targets, inplace):
                                "one), as PyTorch refuses in-place operations on them")
         if inplace and target.requires_grad:
             raise RuntimeError("inplace=True overwrites the logits, and the probability targets' gradient needs them")
-        trained = None
+        trained = called = None
         if input.requires_grad and not getattr(target, "requires_grad", False) and not inplace:
-            trained = node_forward(input, target, options, check_targets)
-        loss, state = trained or CrossEntropyFunction.apply(input, target, options, check_targets, inplace)
+            called = call(input, target, options, fuse=True)  # the node's, and where it declines the Function's
+            trained = node_forward(input, called, options, check_targets)
+        loss, state = trained or CrossEntropyFunction.apply(input, target, options, check_targets, inplace, called)
     return (loss, lse(state, input.shape)) if options.return_lse else loss
 
 
