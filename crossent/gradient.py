@@ -37,7 +37,7 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
         if written:
             scale = written.scale  # the fused forward's 1 / divisor, which the kernel multiplies by
         else:
-            grad_out = grad_in.float() / (rows if probs else _counted(t, weight, options.ignore_index))
+            grad_out = grad_in.float() / (rows if probs else mean_divisor(t, weight, options.ignore_index))
     grad_lse = grad_lse.reshape(-1).float().contiguous() if grad_lse is not None else None
     _launch_on_rows(
         GRADIENT, x, rows, class_stride, logits=x.data_ptr(), targets=0 if probs else t.data_ptr(),
@@ -79,11 +79,11 @@ def _launch_on_rows(family, x, rows, class_stride, **fields):
     options_extension().launch(PARAMS_STRUCT.pack(*params))
 
 
-def _counted(targets, weight, ignore_index):
-    """The mean's divisor for class indices (the rows counted, or their classes' weights), a 0-dim
-    tensor on the device. Its float32 sum of weights may differ from the forward's exact one in the
-    last bit; the gradient is that close to the loss's."""
+def mean_divisor(targets, weight, ignore_index, dtype=torch.float32):
+    """The mean's divisor for class indices (the rows counted, or their classes' weights summed in
+    `dtype`), a 0-dim tensor on the device. Its float32 sum of weights may differ from the forward's
+    exact one in the last bit; the gradient is that close to the loss's."""
     counted = targets.long() != ignore_index  # in 64 bits, as the kernels compare
     if weight is None:
         return counted.sum()
-    return torch.where(counted, weight[targets.clamp(0, weight.shape[0] - 1)], 0).sum(dtype=torch.float32)
+    return torch.where(counted, weight[targets.clamp(0, weight.shape[0] - 1)], 0).sum(dtype=dtype)

@@ -211,11 +211,11 @@ def test_the_means_divisor_counts_as_the_kernels_do():
     """Rows counted (or their classes' weights), int32 targets compared with the ignore index in 64
     bits: 2**32 + 3 is no class of an int32 tensor."""
     t = torch.tensor([0, 3, -100, 3, 1], dtype=torch.int32)
-    assert gradient._counted(t, None, -100).item() == 4
-    assert gradient._counted(t, None, 2**32 + 3).item() == 5
-    assert gradient._counted(t.long(), None, 3).item() == 3
+    assert gradient.mean_divisor(t, None, -100).item() == 4
+    assert gradient.mean_divisor(t, None, 2**32 + 3).item() == 5
+    assert gradient.mean_divisor(t.long(), None, 3).item() == 3
     w = torch.tensor([0.5, 2.0, 1.0, 4.0])
-    assert gradient._counted(t, w, -100).item() == 0.5 + 4.0 + 4.0 + 2.0
+    assert gradient.mean_divisor(t, w, -100).item() == 0.5 + 4.0 + 4.0 + 2.0
 
 
 def test_what_is_not_a_tensor_meets_the_apis_error():
