@@ -11,10 +11,14 @@ PyTorch's order, and compute what the kernels do not take (CPU, float64) with Py
 crossent.hf puts the loss on a Hugging Face transformers model. ModelNew is the loss as KernelBench's
 module, level 1 problem 95 with no arguments, which never falls back; model_new.py in the repository
 is the package's kernel path bundled into the one file KernelBench loads (tools/bundle.py). The
-kernels build just in time, on first use, for the GPUs present, or ahead with prebuild()."""
+kernels build just in time, on first use, for the GPUs present, or ahead with prebuild().
+linear_cross_entropy (and LinearCrossEntropyLoss) is the loss of a linear layer's logits, x W^T + b,
+made a chunk of rows at a time: a language model's head and loss without the logits of every token."""
 from .api import CrossEntropyLoss, cross_entropy
 from .build import prebuild
+from .linear import LinearCrossEntropyLoss, linear_cross_entropy
 from .loss import ModelNew
 
 __version__ = "0.1.0"
-__all__ = ["CrossEntropyLoss", "ModelNew", "cross_entropy", "prebuild"]
+__all__ = ["CrossEntropyLoss", "LinearCrossEntropyLoss", "ModelNew", "cross_entropy", "linear_cross_entropy",
+           "prebuild"]

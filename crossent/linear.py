@@ -1,0 +1,369 @@
+"""Linear + cross-entropy: the loss of the logits x W^T + b, which never exist for every row at once.
+
+The rows go in chunks. For each, one matmul makes the chunk's logits; the loss launch reads them
+and writes their gradient over them, for an incoming 1 of the sum (one launch where the fused family
+takes them); then dx = G W and dW += G^T x, in float32 (and db += the sum of G's rows). So a training
+step runs its three matmuls once each, and adds to its gradients one chunk's logits and the float32
+accumulators. The backward scales the accumulators by the incoming gradient over the mean's
+divisor, rounding each gradient once, to its parameter's dtype.
+
+Where each row's incoming gradient is its own (reduction "none") or the log-sum-exp may receive one
+(return_lse), the forward keeps every row's (m, s) and nothing else, and the backward makes each
+chunk's logits again (a fourth matmul) and their gradient from (m, s).
+
+A chunk's loss is the kernels' where they take its logits (api.kernels_take), else PyTorch's
+operations' (CPU, float64), with their gradient by torch.func.vjp: the loop is the same. The forward
+and the backward are custom operators, eager calls and torch.compile's alike (the matmuls dominate:
+the operator's host cost does not show); torch.compile traces the unchunked composition where the
+kernels do not take the logits (torch.func.vjp does not run inside a compiled graph's operator)."""
+from typing import List, NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .api import cross_entropy, kernels_take
+from .composite import composite_loss
+from .dispatch import train_forward
+from .gradient import cross_entropy_backward, mean_divisor
+from .inputs import Options, check_options, check_targets_from_env
+from .ops import OP_NAMESPACE
+
+CHUNK_BYTES = 1 << 30  # a chunk's logits at most, where the caller names no chunk_size ("Chunks")
+# torch's float32 result of 16-bit operands (mm's and addmm's out_dtype), on CUDA from torch 2.8
+_MATMUL_OUT_DTYPE = torch.torch_version.TorchVersion(torch.__version__) >= (2, 8)
+
+
+def chunk_rows(rows, classes, elem_bytes, chunk_size=None):
+    """Rows per chunk: chunk_size where the caller names it, else as many as keep a chunk's logits
+    (rows x classes of elem_bytes) within CHUNK_BYTES, and at least one."""
+    if chunk_size is not None:
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive number of rows; got {chunk_size!r}")
+        return chunk_size
+    return max(1, min(rows, CHUNK_BYTES // max(1, classes * elem_bytes)))
+
+
+class Step(NamedTuple):
+    """What a forward computes besides the loss: which gradients it writes in the forward (fused:
+    the reduction is one number and no lse is returned), and where the logits' rows are cut."""
+    fused: bool
+    dx: bool            # d loss / d input wanted
+    dw: bool            # d loss / d linear_weight wanted
+    db: bool            # d loss / d linear_bias wanted
+    chunk: int          # rows per chunk
+    check_targets: bool
+
+
+# A chunk's loss: the kernels' or PyTorch's operations'. Each writes a gradient over the chunk's
+# logits z, which it owns. `sum` and `rows` are options with the reduction "sum" or "none", the
+# loss in float32 (float64 for float64 logits), no lse.
+
+def _loss_and_gradient(z, t, sum_options, kernels, check_targets):
+    """The chunk's loss (the sum), and its gradient for an incoming 1 written over z."""
+    if kernels:
+        loss, state, written = train_forward(z, t, sum_options, check_targets, fuse=True, inplace=True)
+        if written is None:  # the gradient family, from the rows' (m, s)
+            one = torch.ones((), dtype=torch.float32, device=z.device)
+            cross_entropy_backward(one, None, z, t, state, sum_options, into=z)
+        return loss
+    loss, gradient_of = torch.func.vjp(lambda logits: composite_loss(logits, t, sum_options), z)
+    z.copy_(gradient_of(torch.ones_like(loss))[0])
+    return loss
+
+
+def _losses_and_state(z, t, row_options, kernels, check_targets):
+    """(loss a row, (m, s) a row) of the chunk; z is left as it is."""
+    if kernels:
+        losses, state, _ = train_forward(z, t, row_options, check_targets)
+        return losses, state
+    losses, lse = composite_loss(z, t, row_options._replace(return_lse=True))
+    return losses, torch.stack((lse, torch.ones_like(lse)), 1)  # m = lse, s = 1
+
+
+def _gradient(grad, grad_lse, z, t, state, row_options, kernels):
+    """The chunk's gradient for the incoming gradients of its rows' losses (grad) and log-sum-exps
+    (grad_lse, or None), written over z."""
+    if kernels:
+        cross_entropy_backward(grad, grad_lse, z, t, state, row_options, into=z)
+        return
+    lse_options = row_options._replace(return_lse=True)
+    (losses, lse), gradient_of = torch.func.vjp(lambda logits: composite_loss(logits, t, lse_options), z)
+    grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse.to(lse.dtype)
+    z.copy_(gradient_of((grad.to(losses.dtype), grad_lse))[0])
+
+
+def _matmul_into(out, a, b, accumulate):
+    """out (+)= a @ b, in out's dtype: in the matmul's epilogue where out has a and b's dtype, or
+    torch takes a float32 result of 16-bit operands (CUDA, torch 2.8 on); else the product in a and
+    b's dtype, then added."""
+    if a.dtype == out.dtype:
+        return out.addmm_(a, b) if accumulate else torch.mm(a, b, out=out)
+    if _MATMUL_OUT_DTYPE and out.is_cuda:
+        if accumulate:
+            return torch.addmm(out, a, b, out_dtype=out.dtype, out=out)
+        return torch.mm(a, b, out_dtype=out.dtype, out=out)
+    product = torch.mm(a, b)
+    return out.add_(product) if accumulate else out.copy_(product)
+
+
+def _logits(x, w, b):
+    return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
+
+
+def _wide(dtype):
+    """The accumulators' dtype: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def forward_chunks(x, w, b, t, options: Options, step: Step):
+    """(loss, state, dx, dw, db) of x (N, D), w (V, D), b (V,) or None, targets t (N,): the loss as
+    options ask; state every row's (m, s) where the step is not fused (else empty); where fused, the
+    wanted gradients of the sum, unscaled, in float32 (float64 for float64 inputs), else empty."""
+    rows, classes = x.shape[0], w.shape[0]
+    wide = _wide(x.dtype)
+    kernels = kernels_take(x.new_empty((0, classes)), t, options)
+    sum_options = options._replace(reduction="sum", return_lse=False, float32_loss=True)
+    row_options = options._replace(reduction="none", return_lse=False, float32_loss=True)
+    def buffer(wanted, shape, fill=torch.empty):  # an empty tensor where not wanted: a result of the operator
+        return fill(shape if wanted else 0, dtype=wide, device=x.device)
+
+    total = torch.zeros((), dtype=wide, device=x.device)
+    losses, state = buffer(not step.fused, rows), buffer(not step.fused, (rows, 2))
+    dx = buffer(step.fused and step.dx, x.shape)
+    # The first chunk writes dw (and db adds to zeros); with no rows, none does.
+    dw = buffer(step.fused and step.dw, w.shape, torch.empty if rows else torch.zeros)
+    db = buffer(step.fused and step.db, classes, torch.zeros)
+    for start in range(0, rows, step.chunk):
+        end = min(rows, start + step.chunk)
+        xc, tc = x[start:end], t[start:end]
+        z = _logits(xc, w, b)
+        if step.fused:
+            total += _loss_and_gradient(z, tc, sum_options, kernels, step.check_targets)
+            if step.dx:
+                _matmul_into(dx[start:end], z, w, False)
+            if step.dw:
+                _matmul_into(dw, z.t(), xc, start > 0)
+            if step.db:
+                db += z.sum(0, dtype=wide)
+        else:
+            losses[start:end], state[start:end] = _losses_and_state(z, tc, row_options, kernels, step.check_targets)
+        del z  # before the next chunk's logits: one chunk's at a time
+    if not step.fused:
+        total = losses.sum()
+    dtype = torch.float32 if options.float32_loss else x.dtype
+    if options.reduction == "none":
+        loss = losses.to(dtype)
+    elif options.reduction == "sum":
+        loss = total.to(dtype)
+    else:
+        loss = (total / mean_divisor(t, options.weight, options.ignore_index, wide)).to(dtype)
+    return loss, state, dx, dw, db
+
+
+def backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options: Options, step: Step, wanted):
+    """(d loss / d x, d loss / d w, d loss / d b), each None where not wanted (three bools): grad, the
+    loss's incoming gradient; grad_lse, the log-sum-exps' (or None). Where the step is fused, the
+    forward's accumulators (dx, dw, db) times grad over the mean's divisor, the ignored rows' dx 0;
+    else each chunk's logits made again and their gradient from the rows' (m, s) (state)."""
+    counted = t.long() != options.ignore_index
+    scale = grad.to(_wide(x.dtype))
+    if options.reduction == "mean":
+        scale = scale / mean_divisor(t, options.weight, options.ignore_index, scale.dtype)
+    if step.fused:
+        # An ignored row's gradient is 0 and no other row's reaches it, whatever the scale (inf where
+        # no row counts, the mean's 0 / 0); dw and db are sums over the rows: 0 where none counts.
+        any_row = torch.where(counted.any(), scale, 0)
+        dx_out = torch.mul(dx, torch.where(counted, scale, 0)[:, None], out=torch.empty_like(x)) if wanted[0] else None
+        dw_out = torch.mul(dw, any_row, out=torch.empty_like(w)) if wanted[1] else None
+        db_out = torch.mul(db, any_row, out=torch.empty_like(b)) if wanted[2] else None
+        return dx_out, dw_out, db_out
+    rows = x.shape[0]
+    kernels = kernels_take(x.new_empty((0, w.shape[0])), t, options)
+    row_options = options._replace(reduction="none", return_lse=False, float32_loss=True)
+    per_row = scale if options.reduction == "none" else scale.expand(rows)
+    wide = _wide(x.dtype)
+    dx_out = torch.empty_like(x) if wanted[0] else None
+    dw_acc = (torch.empty if rows else torch.zeros)(w.shape, dtype=wide, device=x.device) if wanted[1] else None
+    db_acc = torch.zeros(w.shape[0], dtype=wide, device=x.device) if wanted[2] else None
+    for start in range(0, rows, step.chunk):
+        end = min(rows, start + step.chunk)
+        xc, tc = x[start:end], t[start:end]
+        z = _logits(xc, w, b)
+        _gradient(per_row[start:end], None if grad_lse is None else grad_lse[start:end], z, tc, state[start:end],
+                  row_options, kernels)
+        if wanted[0]:
+            torch.mm(z, w, out=dx_out[start:end])
+        if wanted[1]:
+            _matmul_into(dw_acc, z.t(), xc, start > 0)
+        if wanted[2]:
+            db_acc += z.sum(0, dtype=wide)
+        del z
+    return dx_out, None if dw_acc is None else dw_acc.to(w.dtype), None if db_acc is None else db_acc.to(b.dtype)
+
+
+def _op_forward(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], t: torch.Tensor,
+                weight: Optional[torch.Tensor], ignore_index: int, reduction: str, label_smoothing: float,
+                z_loss: float, softcap: float, float32_loss: bool, fused: bool, dx: bool, dw: bool, db: bool,
+                chunk: int, check_targets: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                          torch.Tensor]:
+    options = Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap, float32_loss)
+    with torch.autocast(x.device.type, enabled=False):  # the caller cast the operands
+        return forward_chunks(x, w, b, t, options, Step(fused, dx, dw, db, chunk, check_targets))
+
+
+def _op_backward(grad: torch.Tensor, grad_lse: Optional[torch.Tensor], x: torch.Tensor, w: torch.Tensor,
+                 b: Optional[torch.Tensor], t: torch.Tensor, state: torch.Tensor, dx: torch.Tensor, dw: torch.Tensor,
+                 db: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int, reduction: str,
+                 label_smoothing: float, z_loss: float, softcap: float, float32_loss: bool, fused: bool,
+                 chunk: int, wanted: List[bool]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    options = Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap, float32_loss)
+    step = Step(fused, *wanted, chunk, False)
+    with torch.autocast(x.device.type, enabled=False):
+        grads = backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options, step, wanted)
+    return tuple(g if g is not None else x.new_empty(0) for g in grads)
+
+
+forward_op = torch.library.custom_op(f"{OP_NAMESPACE}::linear_cross_entropy", _op_forward, mutates_args=())
+backward_op = torch.library.custom_op(f"{OP_NAMESPACE}::linear_cross_entropy_backward", _op_backward,
+                                      mutates_args=())
+
+
+@forward_op.register_fake
+def _forward_shapes(x, w, b, t, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss,
+                    fused, dx, dw, db, chunk, check_targets):
+    wide = _wide(x.dtype)
+    rows = x.shape[0]
+    loss = x.new_empty((rows,) if reduction == "none" else (), dtype=torch.float32 if float32_loss else x.dtype)
+
+    def buffer(wanted, shape):
+        return x.new_empty(shape if wanted else 0, dtype=wide)
+
+    return (loss, buffer(not fused, (rows, 2)), buffer(fused and dx, x.shape), buffer(fused and dw, w.shape),
+            buffer(fused and db, w.shape[:1]))
+
+
+@backward_op.register_fake
+def _backward_shapes(grad, grad_lse, x, w, b, t, state, dx, dw, db, weight, ignore_index, reduction, label_smoothing,
+                     z_loss, softcap, float32_loss, fused, chunk, wanted):
+    return (torch.empty_like(x) if wanted[0] else x.new_empty(0), torch.empty_like(w) if wanted[1] else x.new_empty(0),
+            torch.empty_like(b) if wanted[2] else x.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output):
+    x, w, b, t, weight, *flat = inputs
+    ctx.save_for_backward(x, w, b, t, weight, *output[1:])
+    ctx.flat = flat
+    ctx.set_materialize_grads(False)  # an unused output's gradient stays None
+
+
+def _op_gradients(ctx, grad, grad_state, *_):
+    if torch.is_grad_enabled():
+        raise RuntimeError("linear_cross_entropy's gradient has no gradient of its own: double backward "
+                           "(create_graph=True through the loss) is not supported")
+    x, w, b, t, weight, state, dx, dw, db = ctx.saved_tensors
+    ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss, fused, _, _, _, chunk, _ = ctx.flat
+    wanted = [bool(n) for n in ctx.needs_input_grad[:3]]
+    if grad is None:
+        grad = torch.zeros(t.shape if reduction == "none" else (), dtype=torch.float32, device=x.device)
+    grad_lse = None if grad_state is None or fused else grad_state[:, 0]
+    grads = backward_op(grad, grad_lse, x, w, b, t, state, dx, dw, db, weight, ignore_index, reduction,
+                        label_smoothing, z_loss, softcap, float32_loss, fused, chunk, wanted)
+    return *(g if n else None for g, n in zip(grads, wanted)), *[None] * 14
+
+
+forward_op.register_autograd(_op_gradients, setup_context=_setup_context)
+
+
+def _autocast(x, w, b):
+    """The operands as autocast casts a linear layer's (where it is on for their device), and whether
+    it is: the loss is then float32, as autocast's cross-entropy's."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return x, w, b, False
+    dtype = torch.get_autocast_dtype(device)
+    return x.to(dtype), w.to(dtype), None if b is None else b.to(dtype), True
+
+
+def _check_shapes(x, w, b, t):
+    """PyTorch's errors for operands that do not fit: input (..., D), linear_weight (V, D), linear_bias
+    (V,), targets (...) of class indices."""
+    if not all(isinstance(a, torch.Tensor) for a in (x, w, t)) or not (b is None or isinstance(b, torch.Tensor)):
+        raise TypeError("linear_cross_entropy expects tensors: input, linear_weight, target (and linear_bias)")
+    if w.dim() != 2 or x.dim() < 1 or x.shape[-1] != w.shape[1]:
+        raise RuntimeError(f"input (..., D) and linear_weight (V, D) do not fit: got {tuple(x.shape)} and "
+                           f"{tuple(w.shape)}")
+    if b is not None and tuple(b.shape) != (w.shape[0],):
+        raise RuntimeError(f"linear_bias must have shape ({w.shape[0]},); got {tuple(b.shape)}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise RuntimeError(f"linear_cross_entropy takes class-index targets (integers); got {t.dtype}")
+    if t.shape != x.shape[:-1]:
+        raise ValueError(f"targets must have the input's shape but its last dimension, {tuple(x.shape[:-1])}; "
+                         f"got {tuple(t.shape)}")
+
+
+def linear_cross_entropy(input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor, *,
+                         linear_bias: Optional[torch.Tensor] = None, weight: Optional[torch.Tensor] = None,
+                         ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                         z_loss: float = 0.0, softcap: Optional[float] = None, return_lse: bool = False,
+                         chunk_size: Optional[int] = None):
+    """cross_entropy(F.linear(input, linear_weight, linear_bias), target, ...) with the logits a chunk
+    of rows at a time, never all at once: input (..., D), linear_weight (V, D), linear_bias (V,) or
+    None, target (...) class indices; weight (class weights, V) and every other option as
+    cross_entropy takes them (see there). The loss, the lse and the gradients of input, linear_weight
+    and linear_bias are cross_entropy's of the linear layer's logits, to rounding: the weight's and
+    the bias's summed over the chunks in float32 and rounded once. PyTorch's names and argument
+    order (F.linear_cross_entropy in torch 2.13 and later).
+    chunk_size: rows per chunk; None: as many as keep a chunk's logits within CHUNK_BYTES (1 GiB).
+    With reduction "mean" or "sum" and no lse returned, the gradients are computed in the forward
+    (three matmuls); with reduction "none" or return_lse, the backward makes the logits again
+    (four). Under torch.autocast the operands are cast as autocast casts a linear layer's, and the
+    loss is float32. No host synchronization; a custom operator, which torch.compile takes whole."""
+    options = check_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
+    _check_shapes(input, linear_weight, linear_bias, target)
+    if input.dim() == 1:  # one row: its logits are the chunk
+        return cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight, None, ignore_index, None,
+                             reduction, label_smoothing, z_loss=z_loss, softcap=softcap, return_lse=return_lse)
+    x, w, b, float32_loss = _autocast(input, linear_weight, linear_bias)
+    options = options._replace(return_lse=False, float32_loss=float32_loss)
+    sample_shape = target.shape
+    x, t = x.reshape(-1, x.shape[-1]), target.reshape(-1)
+    chunk = chunk_rows(x.shape[0], w.shape[0], x.element_size(), chunk_size)
+    needs = [torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x, w, b)]
+    fused = any(needs) and reduction != "none" and not return_lse
+    step = Step(fused, *needs, chunk, check_targets_from_env())
+    if torch.compiler.is_compiling() and not kernels_take(x.new_empty((0, w.shape[0])), t, options):
+        # torch.func.vjp, the composition's gradient, does not run inside a compiled graph's operator:
+        # the unchunked composition, which the compiler traces
+        return cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight, ignore_index=ignore_index,
+                             reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
+                             return_lse=return_lse)
+    loss, state, *_ = forward_op(x, w, b, t, options.weight, options.ignore_index, reduction, options.label_smoothing,
+                                 options.z_loss, options.softcap, float32_loss, *step)
+    if reduction == "none":
+        loss = loss.reshape(sample_shape)
+    if not return_lse:
+        return loss
+    return loss, (state[:, 0] + state[:, 1].detach().log()).reshape(sample_shape)
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """linear_cross_entropy as a module: the loss's options (cross_entropy's, and chunk_size) at
+    construction, forward(input, linear_weight, target, linear_bias=None). The class weights are a
+    buffer, moved with the module."""
+
+    def __init__(self, weight: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0, *, z_loss: float = 0.0, softcap: Optional[float] = None,
+                 return_lse: bool = False, chunk_size: Optional[int] = None):
+        super().__init__()
+        check_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
+        chunk_rows(1, 1, 1, chunk_size)  # its error now, not at the first call
+        self.register_buffer("weight", weight)
+        self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
+        self.z_loss, self.softcap, self.return_lse, self.chunk_size = z_loss, softcap, return_lse, chunk_size
+
+    def forward(self, input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor,
+                linear_bias: Optional[torch.Tensor] = None):
+        return linear_cross_entropy(input, linear_weight, target, linear_bias=linear_bias, weight=self.weight,
+                                    ignore_index=self.ignore_index, reduction=self.reduction,
+                                    label_smoothing=self.label_smoothing, z_loss=self.z_loss, softcap=self.softcap,
+                                    return_lse=self.return_lse, chunk_size=self.chunk_size)
