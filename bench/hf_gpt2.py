@@ -1,6 +1,7 @@
 """A small GPT-2 from Hugging Face transformers, built from a config (no download), trained from the
-same weights on the same batches with the same dropout masks three times: with transformers' own
-loss, with a float64 loss, and with crossent's (crossent.hf.use_crossent). The float64 run measures
+same weights on the same batches with the same dropout masks four times: with transformers' own
+loss, with a float64 loss, with crossent's (crossent.hf.use_crossent), and with the head in crossent's
+loss (use_crossent(model, head=True)). The float64 run measures
 how far rounding alone moves the loss curve from transformers' (training amplifies any difference);
 crossent's curve should stay within that distance, with less memory. Prints and (--json) records
 the curves, their distances, the peak memory and the time per step. tests/test_hf.py runs it and
@@ -93,9 +94,10 @@ def run(steps=STEPS):
     data = batches(steps, device)
     runs = {"transformers": train(None, initial, data, device),
             "float64": train(lambda model: setattr(model, "loss_function", float64_loss), initial, data, device),
-            "crossent": train(crossent.hf.use_crossent, initial, data, device)}
+            "crossent": train(crossent.hf.use_crossent, initial, data, device),
+            "crossent head": train(lambda model: crossent.hf.use_crossent(model, head=True), initial, data, device)}
     base = runs["transformers"]["losses"]
-    for name in ("float64", "crossent"):
+    for name in ("float64", "crossent", "crossent head"):
         runs[name]["distance"] = max(abs(a - b) for a, b in zip(runs[name]["losses"], base))
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
             "date": datetime.date.today().isoformat(), "config": CONFIG, "batch": BATCH, "sequence": SEQUENCE,

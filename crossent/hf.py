@@ -2,13 +2,28 @@
 model's loss_function (its ForCausalLMLoss's arguments), which reads the logits in their own dtype
 where transformers' upcasts them to float32 first (a copy of the logits' size, and log-softmax's
 of that size saved for the backward), and use_crossent(model), the one line that puts it on a
-model. Needs no import of transformers."""
+model; use_crossent(model, head=True) puts the model's head into the loss too (linear_cross_entropy):
+the logits of every token never exist. Imports transformers only for the latter's output."""
 from typing import Optional
 
 import torch
 
 from .api import routed_loss
 from .inputs import check_options
+from .linear import linear_loss
+
+
+def _shifted(labels, ignore_index, shift_labels):
+    """The label each position predicts: the next one's (transformers' shift), or shift_labels."""
+    if shift_labels is None:
+        shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    return shift_labels
+
+
+def _over_items(loss, num_items_in_batch):
+    if num_items_in_batch is None:
+        return loss
+    return loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: Optional[int] = None,
@@ -19,23 +34,55 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: Optio
     their sum over num_items_in_batch where given (gradient accumulation's count); a float32 loss,
     as transformers gives. The logits (batch, sequence, vocabulary) are read where they lie: the
     labels shift, not the logits. Other keyword arguments transformers passes are accepted and unused."""
-    if shift_labels is None:
-        shift_labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     x = logits.reshape(-1, logits.shape[-1])
-    t = shift_labels.to(logits.device).reshape(-1)
+    t = _shifted(labels, ignore_index, shift_labels).to(logits.device).reshape(-1)
     reduction = "mean" if num_items_in_batch is None else "sum"
     options = check_options(ignore_index=ignore_index, reduction=reduction)._replace(float32_loss=True)
-    loss = routed_loss(x, t, options)
-    if num_items_in_batch is not None:
-        loss = loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
-    return loss
+    return _over_items(routed_loss(x, t, options), num_items_in_batch)
 
 
-def use_crossent(model):
+def use_crossent(model, head=False, chunk_size=None):
     """Puts causal_lm_loss on a transformers model (one with a loss_function, transformers 4.46 and
-    newer), in place; returns the model."""
+    newer), in place; returns the model. head=True: a call with labels computes the model's base
+    (model.base_model), then the loss of its head's logits by linear_cross_entropy (chunk_size rows of
+    them at a time, None: its default), with the head's weight and bias, the labels shifted as
+    transformers shifts them, and the cap of Gemma 2's final_logit_softcapping; it returns the loss and
+    no logits. A call without labels is the model's own."""
     if not hasattr(model, "loss_function"):
         raise RuntimeError(f"{type(model).__name__} has no loss_function to replace: transformers 4.46 or newer "
                            f"calls one")
     model.loss_function = causal_lm_loss
+    if head:
+        _put_head_in_loss(model, chunk_size)
     return model
+
+
+_MODEL_ONLY = ("labels", "num_items_in_batch", "shift_labels", "logits_to_keep", "return_dict")
+
+
+def _put_head_in_loss(model, chunk_size):
+    head, base = model.get_output_embeddings(), model.base_model
+    if not isinstance(head, torch.nn.Linear) or base is model:
+        raise RuntimeError(f"{type(model).__name__} has no linear head over a base model to fuse with the loss")
+    if getattr(model.config, "logit_scale", None) not in (None, 1.0):
+        raise RuntimeError(f"{type(model).__name__} scales its logits (config.logit_scale), which the fused loss "
+                           f"does not; use_crossent(model) without head=True keeps the model's head")
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    model_forward = model.forward
+
+    def forward(input_ids=None, *args, labels=None, num_items_in_batch=None, shift_labels=None, **kwargs):
+        if labels is None or args:
+            return model_forward(input_ids, *args, labels=labels, num_items_in_batch=num_items_in_batch,
+                                 shift_labels=shift_labels, **kwargs)
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        outputs = base(input_ids=input_ids, **{k: v for k, v in kwargs.items() if k not in _MODEL_ONLY})
+        hidden = outputs[0]
+        reduction = "mean" if num_items_in_batch is None else "sum"
+        options = check_options(reduction=reduction, softcap=softcap)._replace(float32_loss=True)
+        targets = _shifted(labels, -100, shift_labels).to(hidden.device)
+        loss = _over_items(linear_loss(hidden, head.weight, targets, head.bias, options, chunk_size), num_items_in_batch)
+        return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=getattr(outputs, "past_key_values", None),
+                                      hidden_states=getattr(outputs, "hidden_states", None),
+                                      attentions=getattr(outputs, "attentions", None))
+    model.forward = forward

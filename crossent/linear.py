@@ -21,7 +21,7 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .api import cross_entropy, kernels_take
+from .api import kernels_take, routed_loss
 from .composite import composite_loss
 from .dispatch import train_forward
 from .gradient import cross_entropy_backward, mean_divisor
@@ -319,26 +319,29 @@ def linear_cross_entropy(input: torch.Tensor, linear_weight: torch.Tensor, targe
     (four). Under torch.autocast the operands are cast as autocast casts a linear layer's, and the
     loss is float32. No host synchronization; a custom operator, which torch.compile takes whole."""
     options = check_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
+    return linear_loss(input, linear_weight, target, linear_bias, options, chunk_size)
+
+
+def linear_loss(input, linear_weight, target, linear_bias, options: Options, chunk_size=None):
+    """linear_cross_entropy of checked options (inputs.Options; float32_loss: a float32 loss from
+    16-bit operands, as crossent.hf asks), for every public entry."""
     _check_shapes(input, linear_weight, linear_bias, target)
-    if input.dim() == 1:  # one row: its logits are the chunk
-        return cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight, None, ignore_index, None,
-                             reduction, label_smoothing, z_loss=z_loss, softcap=softcap, return_lse=return_lse)
-    x, w, b, float32_loss = _autocast(input, linear_weight, linear_bias)
-    options = options._replace(return_lse=False, float32_loss=float32_loss)
+    if input.dim() == 1 or (torch.compiler.is_compiling() and not kernels_take(
+            input.new_empty((0, linear_weight.shape[0])), target, options)):
+        # One row, whose logits are the chunk; or a compiled call the kernels do not take, traced unchunked:
+        # torch.func.vjp, the composition's gradient, does not run inside a compiled graph's operator.
+        return routed_loss(F.linear(input, linear_weight, linear_bias), target, options)
+    x, w, b, autocast = _autocast(input, linear_weight, linear_bias)
+    reduction, return_lse = options.reduction, options.return_lse
+    options = options._replace(return_lse=False, float32_loss=options.float32_loss or autocast)
     sample_shape = target.shape
     x, t = x.reshape(-1, x.shape[-1]), target.reshape(-1)
     chunk = chunk_rows(x.shape[0], w.shape[0], x.element_size(), chunk_size)
     needs = [torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x, w, b)]
     fused = any(needs) and reduction != "none" and not return_lse
     step = Step(fused, *needs, chunk, check_targets_from_env())
-    if torch.compiler.is_compiling() and not kernels_take(x.new_empty((0, w.shape[0])), t, options):
-        # torch.func.vjp, the composition's gradient, does not run inside a compiled graph's operator:
-        # the unchunked composition, which the compiler traces
-        return cross_entropy(F.linear(input, linear_weight, linear_bias), target, weight, ignore_index=ignore_index,
-                             reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
-                             return_lse=return_lse)
     loss, state, *_ = forward_op(x, w, b, t, options.weight, options.ignore_index, reduction, options.label_smoothing,
-                                 options.z_loss, options.softcap, float32_loss, *step)
+                                 options.z_loss, options.softcap, options.float32_loss, *step)
     if reduction == "none":
         loss = loss.reshape(sample_shape)
     if not return_lse:

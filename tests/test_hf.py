@@ -52,6 +52,31 @@ def test_a_model_without_loss_function_is_refused():
         crossent.hf.use_crossent(torch.nn.Linear(2, 2))
 
 
+def test_a_gpt2_with_its_head_in_the_loss_is_transformers_gpt2():
+    """use_crossent(model, head=True), in float64 on the CPU: with labels (a few ignored, and with
+    num_items_in_batch) the loss and every parameter's gradient are the model's own, and no logits
+    come back; without labels the model is as it was."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=300, n_positions=32, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    theirs = transformers.GPT2LMHeadModel(config).double()
+    ours = transformers.GPT2LMHeadModel(config).double()
+    ours.load_state_dict(theirs.state_dict())
+    assert crossent.hf.use_crossent(ours, head=True, chunk_size=7) is ours
+    tokens = torch.randint(0, 300, (3, 20))
+    labels = tokens.masked_fill(torch.rand(3, 20) < 0.2, -100)
+    for kwargs in [{}, {"num_items_in_batch": torch.tensor(41)}]:
+        want, got = theirs(input_ids=tokens, labels=labels, **kwargs), ours(input_ids=tokens, labels=labels, **kwargs)
+        assert got.logits is None and got.loss.dtype == torch.float32
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-6, atol=0)
+        want.loss.backward(), got.loss.backward()
+        for (name, a), b in zip(theirs.named_parameters(), ours.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=1e-9, msg=name)
+            a.grad = b.grad = None
+    assert torch.equal(ours(input_ids=tokens).logits, theirs(input_ids=tokens).logits)
+
+
 @pytest.mark.gpu
 def test_a_gpt2_trains_with_it_as_with_transformers_loss():
     """A model given the loss by use_crossent learns the task, its loss curve within 3 times the
@@ -62,9 +87,12 @@ def test_a_gpt2_trains_with_it_as_with_transformers_loss():
     import hf_gpt2
 
     runs = hf_gpt2.run()["runs"]
-    ours, reference, theirs = runs["crossent"], runs["float64"], runs["transformers"]
+    reference, theirs = runs["float64"], runs["transformers"]
     print({name: (r.get("distance"), r["peak_bytes"], r["step_ms"]) for name, r in runs.items()})
     learned = math.log(hf_gpt2.WORDS) + 0.5  # log(vocab_size) at the start, log(WORDS) once the words are known
-    assert theirs["losses"][-1] < learned and ours["losses"][-1] < learned
-    assert ours["distance"] <= max(3 * reference["distance"], 1e-3)
-    assert ours["peak_bytes"] < theirs["peak_bytes"]
+    assert theirs["losses"][-1] < learned
+    for name in ("crossent", "crossent head"):  # the loss alone; the head and the loss in chunks
+        ours = runs[name]
+        assert ours["losses"][-1] < learned, name
+        assert ours["distance"] <= max(3 * reference["distance"], 1e-3), name
+        assert ours["peak_bytes"] < theirs["peak_bytes"], name
