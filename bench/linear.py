@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Linear + cross-entropy against its floor, the matmuls, in one process.
 
-    python bench/linear.py [--shapes 8192x4096x128256,...] [--trials 20] [--out bench/results/h200_linear]
+    python bench/linear.py [--shapes 8192x4096x128256,...] [--trials 20] [--chunks 2048,8192] [--out bench/results/h200_linear]
 
 For each N x D x V (bf16 x (N, D), W (V, D), 10% of the targets ignored), the median of `trials`
 CUDA-event timings of:
@@ -11,7 +11,8 @@ CUDA-event timings of:
   eager          F.linear, then F.cross_entropy
   matmul fwd     x W^T alone, the floor of a forward with no gradient
   crossent fwd   linear_cross_entropy under torch.no_grad()
-with the memory each step allocates at once above its inputs (peak_extra_bytes: the gradients dx and
+and, for each of --chunks' row counts, linear_cross_entropy with chunk_size that many rows ("crossent
+2048"; the library's own choice is "crossent"), with the memory each step allocates at once above its inputs (peak_extra_bytes: the gradients dx and
 dW included), and whether its loss and gradients match eager's (bf16's tolerance). Writes a table,
 OUT.json (rows N, D, V, impl, median_ms, floor_ms, peak_extra_bytes, correct, ...) and, where
 matplotlib is installed, OUT.png.
@@ -46,7 +47,7 @@ def operands(n, d, v):
     return x, w, t
 
 
-def steps(x, w, t):
+def steps(x, w, t, chunks=()):
     """Each implementation as a callable of no arguments, which leaves what it computed."""
     g = torch.randn(x.shape[0], w.shape[0], device="cuda").bfloat16()
 
@@ -70,8 +71,11 @@ def steps(x, w, t):
     fused = lambda: crossent.linear_cross_entropy(x, w, t)  # noqa: E731
     inplace = lambda: crossent.cross_entropy(F.linear(x, w), t, inplace=True)  # noqa: E731
     eager = lambda: F.cross_entropy(F.linear(x, w), t)  # noqa: E731
-    return {"matmuls": matmuls, "crossent": train(fused), "inplace": train(inplace), "eager": train(eager),
-            "matmul fwd": lambda: (torch.mm(x, w.t()),), "crossent fwd": forward(fused)}
+    fns = {"matmuls": matmuls, "crossent": train(fused), "inplace": train(inplace), "eager": train(eager),
+           "matmul fwd": lambda: (torch.mm(x, w.t()),), "crossent fwd": forward(fused)}
+    for rows in chunks:
+        fns[f"crossent {rows}"] = train(lambda rows=rows: crossent.linear_cross_entropy(x, w, t, chunk_size=rows))
+    return fns
 
 
 def median_ms(fn, trials):
@@ -79,15 +83,15 @@ def median_ms(fn, trials):
     return statistics.median(times)
 
 
-def shape_rows(n, d, v, trials):
+def shape_rows(n, d, v, trials, chunks=()):
     x, w, t = operands(n, d, v)
-    fns = steps(x, w, t)
+    fns = steps(x, w, t, chunks)
     want = fns["eager"]()
     rows, times = [], {}
     for impl, fn in fns.items():
         got = fn()
         correct = None
-        if impl in ("crossent", "inplace", "crossent fwd"):
+        if impl.startswith("crossent") or impl == "inplace":
             correct = all(torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2 * b.abs().max().item())
                           for a, b in zip(got, want))
         del got
@@ -99,7 +103,7 @@ def shape_rows(n, d, v, trials):
         x.grad = w.grad = None
     for r in rows:
         r["floor_ms"] = times[r["floor"]]
-        print(f"  {n} x {d} x {v} {r['impl']:12s} {r['median_ms']:8.3f} ms  {r['median_ms'] / r['floor_ms']:5.3f}x "
+        print(f"  {n} x {d} x {v} {r['impl']:14s} {r['median_ms']:8.3f} ms  {r['median_ms'] / r['floor_ms']:5.3f}x "
               f"{r['floor']}  +{r['peak_extra_bytes'] / 2**30:5.2f} GiB  correct {r['correct']}", flush=True)
     del x, w, t, fns, want
     torch.cuda.empty_cache()
@@ -135,12 +139,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", help="NxDxV,... (default: SHAPES)")
     ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--chunks", default="", help="ROWS,...: linear_cross_entropy also with these chunk sizes")
     ap.add_argument("--out", help="write OUT.json (and OUT.png)")
     args = ap.parse_args(argv)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     rows = []
     for n, d, v in shapes:
-        rows += shape_rows(n, d, v, args.trials)
+        rows += shape_rows(n, d, v, args.trials, [int(c) for c in args.chunks.split(",") if c])
         if args.out:
             with open(args.out + ".json", "w") as f:
                 json.dump(rows, f, indent=1)
