@@ -14,14 +14,15 @@ def composite_loss(input, target, options):
     operations. 16-bit logits are read in float32 where the loss is asked in float32 (float32_loss),
     and under autocast on their device for the extras (softcap, z_loss, lse), as autocast's
     cross-entropy reads them; the lse is in float32 (float64 for float64 logits)."""
-    x = input
+    x, weight = input, options.weight
     extras = options.softcap or options.z_loss or options.return_lse
     if x.dtype in (torch.float16, torch.bfloat16) and (
             options.float32_loss or (extras and torch.is_autocast_enabled(x.device.type))):
         x = x.float()
+        weight = None if weight is None else weight.float()  # read in float32, as the logits are
     if options.softcap:
         x = options.softcap * torch.tanh(x / options.softcap)
-    kwargs = dict(weight=options.weight, ignore_index=options.ignore_index,
+    kwargs = dict(weight=weight, ignore_index=options.ignore_index,
                   label_smoothing=options.label_smoothing)
     if not (options.z_loss or options.return_lse):
         return F.cross_entropy(x, target, reduction=options.reduction, **kwargs)

@@ -79,11 +79,13 @@ def test_the_cpus_lower_precisions_are_float64s_loss_rounded(dtype):
     """float32 and bfloat16 operands: the loss and gradients within the dtype's rounding of float64's
     (the logits themselves are rounded to the dtype, as F.linear's are)."""
     eps = torch.finfo(dtype).eps
-    for opts in OPTIONS[:4]:
+    for opts in OPTIONS[:5]:
         x, w, b, t = _operands(40, 16, 50, dtype, bias=True)
         x64, w64, b64 = (a.detach().double().requires_grad_() for a in (x, w, b))
-        got, got_grads = _step(_chunked(16), x, w, b, t, opts)
-        want, want_grads = _step(_unchunked, x64, w64, b64, t, opts)
+        kwargs = _kwargs(opts, 50, dtype)
+        kwargs64 = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        got, got_grads = _step(_chunked(16), x, w, b, t, kwargs)
+        want, want_grads = _step(_unchunked, x64, w64, b64, t, kwargs64)
         for g, e in zip(got + got_grads, want + want_grads):
             assert g.dtype == dtype
             assert (g.double() - e).abs().max() <= 8 * eps * e.abs().max(), opts
