@@ -13,12 +13,14 @@ module, level 1 problem 95 with no arguments, which never falls back; model_new.
 is the package's kernel path bundled into the one file KernelBench loads (tools/bundle.py). The
 kernels build just in time, on first use, for the GPUs present, or ahead with prebuild().
 linear_cross_entropy (and LinearCrossEntropyLoss) is the loss of a linear layer's logits, x W^T + b,
-made a chunk of rows at a time: a language model's head and loss without the logits of every token."""
+made a chunk of rows at a time: a language model's head and loss without the logits of every token.
+vocab_parallel_cross_entropy is the loss over classes split across ranks (torch.distributed)."""
 from .api import CrossEntropyLoss, cross_entropy
 from .build import prebuild
 from .linear import LinearCrossEntropyLoss, linear_cross_entropy
 from .loss import ModelNew
+from .parallel import vocab_parallel_cross_entropy
 
 __version__ = "0.1.0"
 __all__ = ["CrossEntropyLoss", "LinearCrossEntropyLoss", "ModelNew", "cross_entropy", "linear_cross_entropy",
-           "prebuild"]
+           "prebuild", "vocab_parallel_cross_entropy"]

@@ -46,7 +46,7 @@ TORCH_2_4 = {"torch.Tensor", "torch.float32", "torch.bfloat16", "torch.float16",
              "torch.library.custom_op",  # custom_op, with register_fake and register_autograd: new in 2.4
              "torch.get_autocast_dtype",  # new in 2.4 (pytorch/pytorch#124479)
              "torch.mm", "torch.addmm", "torch.mul", "torch.stack", "torch.zeros_like", "torch.func.vjp",
-             "torch.torch_version.TorchVersion", "torch.nn.Linear"}
+             "torch.torch_version.TorchVersion", "torch.nn.Linear", "torch.distributed", "torch.full", "torch.chunk"}
 # Newer than torch 2.4, each behind a guard that does without it, in the package module that uses it
 # (and in the bundle made of the modules).
 GUARDED = {'getattr(torch._C, "_cuda_getCurrentRawStream", None)':  # a cheaper stream handle

@@ -1,0 +1,275 @@
+"""The loss over a vocabulary split across ranks (a tensor-parallel language model's head): each rank
+holds the logits of its slice of the classes, and every rank gets the loss over all of them, the
+logits never gathered.
+
+Each rank reduces its slice to three numbers a row: its max m_r, its sum of exp(y - m_r) s_r, and
+its part of the row's linear term u_r, that is (1 - eps) w_t y_t where it holds the target, plus
+eps / V times the sum of w_j y_j over its classes (y: the logits, capped where softcap asks; w: the
+class weights, 1 without; eps: label smoothing). One all-gather brings every rank's three to every
+rank, which merges them in rank order, so that every rank gets the same bits, run to run:
+
+    lse = M + log(sum_r s_r exp(m_r - M)),  M = max_r m_r,  u = sum_r u_r
+    loss = a lse - u + z lse**2,  a = (1 - eps) w_t + eps / V * sum_j w_j
+
+The backward needs no collective: a rank's gradient is its slice's, from the merged lse,
+
+    d loss / d y_j = (a + 2 z lse) p_j - (1 - eps) w_t [j = t] - eps / V w_j,  p_j = exp(y_j - lse)
+
+times each row's incoming gradient (and plus the lse's own, times p_j), times the cap's derivative.
+Both passes go a chunk of rows at a time, in float32 (float64 for float64 logits): the float32
+temporaries stay within ROW_CHUNK_BYTES whatever the slice's size. inplace=True writes the gradient
+over the logits in the forward, for an incoming 1, and the backward scales its rows."""
+import math
+from typing import NamedTuple, Optional
+
+import torch
+import torch.distributed as dist
+
+from .inputs import Options, check_options
+
+ROW_CHUNK_BYTES = 64 << 20  # the float32 temporaries of a chunk of rows at most
+# torch 2.13 renamed the gather into one tensor; the old name warns there (neither: a torch without
+# torch.distributed, where the loss says so)
+_all_gather = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
+
+
+class Slice(NamedTuple):
+    """Where a rank's logits lie among the classes, and with whom it shares the rest."""
+    start: int       # the first class it holds
+    vocab: int       # V, the classes of every rank together
+    group: object    # the process group (None: the default one)
+
+
+def _wide(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _capped(x, softcap):
+    """The logits as the loss reads them, in float32 (float64 for float64)."""
+    y = x.to(_wide(x.dtype))
+    return softcap * torch.tanh(y / softcap) if softcap else y
+
+
+def _chunks(rows, cols):
+    step = max(1, ROW_CHUNK_BYTES // max(1, 4 * cols))
+    return [(start, min(rows, start + step)) for start in range(0, rows, step)]
+
+
+class Rows(NamedTuple):
+    """What each row's loss needs beside its lse and u, the same on every rank."""
+    counted: torch.Tensor   # the target is not ignored
+    local: torch.Tensor     # the target's column in this rank's slice, -1 where another rank holds it
+    w_t: torch.Tensor       # the target's class weight (1 without weights)
+    a: torch.Tensor         # the lse's coefficient, NaN where the target is outside [0, V)
+
+
+def _rows(t, cols, shard, options, dtype):
+    weight, eps = options.weight, options.label_smoothing
+    counted = t != options.ignore_index
+    inside = (t >= 0) & (t < shard.vocab)
+    ours = counted & (t >= shard.start) & (t < shard.start + cols)
+    local = torch.where(ours, t - shard.start, -1)
+    if weight is None:
+        w_t, total = torch.ones_like(t, dtype=dtype), shard.vocab
+    else:
+        w_t, total = weight.to(dtype)[t.clamp(0, shard.vocab - 1)], weight.sum(dtype=dtype)
+    a = (1 - eps) * w_t + eps / shard.vocab * total
+    a = torch.where(counted & ~inside, math.nan, a)
+    return Rows(counted, local, w_t, a)
+
+
+def _local_stats(x, t, shard, options, rows):
+    """(m, s, u) of every row over this rank's classes, rows x 3."""
+    dtype = _wide(x.dtype)
+    n, cols = x.shape
+    eps = options.label_smoothing
+    stats = torch.empty((n, 3), dtype=dtype, device=x.device)
+    w_slice = None if options.weight is None else options.weight[shard.start:shard.start + cols].to(dtype)
+    for start, end in _chunks(n, cols):
+        y = _capped(x[start:end], options.softcap)
+        if cols:
+            m = y.amax(1)
+        else:
+            m = torch.full((end - start,), -math.inf, dtype=dtype, device=x.device)
+        shift = torch.where(m.isinf(), 0, m)  # a row of -inf (or +inf): no inf - inf
+        stats[start:end, 0] = m
+        stats[start:end, 1] = (y - shift[:, None]).exp().sum(1)
+        local = rows.local[start:end]
+        y_t = y.gather(1, local.clamp(min=0)[:, None])[:, 0] if cols else torch.zeros_like(m)
+        u = torch.where(local >= 0, (1 - eps) * rows.w_t[start:end] * y_t, 0)
+        if eps:
+            u = u + eps / shard.vocab * (y.sum(1) if w_slice is None else y @ w_slice)
+        stats[start:end, 2] = u
+    return stats
+
+
+def _merge(gathered):
+    """(lse, u) of every row from every rank's (m, s, u), ranks x rows x 3, in rank order."""
+    m = gathered[:, :, 0]
+    top = m.amax(0)
+    shift = torch.where(top.isinf(), 0, top)
+    s, u = torch.zeros_like(top), torch.zeros_like(top)
+    for r in range(gathered.shape[0]):
+        s = s + gathered[r, :, 1] * (m[r] - shift).exp()
+        u = u + gathered[r, :, 2]
+    return shift + s.log(), u
+
+
+def _gradient(x, lse, per_row, per_row_lse, shard, options, rows, out):
+    """d loss / d x over this rank's classes into `out` (x itself where in place): per_row, each
+    row's incoming gradient of its loss (0 where ignored); per_row_lse, of its lse (or None)."""
+    dtype = _wide(x.dtype)
+    eps, z, softcap = options.label_smoothing, options.z_loss, options.softcap
+    n, cols = x.shape
+    w_slice = None if options.weight is None else options.weight[shard.start:shard.start + cols].to(dtype)
+    for start, end in _chunks(n, cols):
+        y = _capped(x[start:end], softcap)
+        g = per_row[start:end]
+        p = (y - lse[start:end, None]).exp()
+        coefficient = g * (rows.a[start:end] + 2 * z * lse[start:end])
+        if per_row_lse is not None:
+            coefficient = coefficient + per_row_lse[start:end]
+        dy = coefficient[:, None] * p
+        local = rows.local[start:end]
+        ours = (local >= 0).nonzero()[:, 0]
+        dy[ours, local[ours]] -= ((1 - eps) * g * rows.w_t[start:end])[ours]
+        if eps:
+            dy -= (eps / shard.vocab) * g[:, None] * (1 if w_slice is None else w_slice[None, :])
+        if softcap:
+            dy *= 1 - (y / softcap) ** 2
+        out[start:end] = dy
+    return out
+
+
+def _per_row(grad, reduction, rows, divisor, n):
+    """Each row's incoming gradient of its loss: the loss's, over the mean's divisor, 0 where ignored."""
+    scale = grad.to(rows.a.dtype)
+    if reduction == "mean":
+        scale = scale / divisor
+    return torch.where(rows.counted, scale.expand(n) if reduction != "none" else scale.reshape(n), 0)
+
+
+def _divisor(rows):
+    return torch.where(rows.counted, rows.w_t, 0).sum()
+
+
+class VocabParallelFunction(torch.autograd.Function):
+    """The loss and every row's lse of a rank's slice, with their gradient. forward takes ctx itself."""
+    @staticmethod
+    def forward(ctx, x, t, shard, options, inplace):
+        dtype = _wide(x.dtype)
+        n, cols = x.shape
+        rows = _rows(t, cols, shard, options, dtype)
+        stats = _local_stats(x, t, shard, options, rows)
+        world = dist.get_world_size(shard.group)
+        gathered = torch.empty((world * n * 3,), dtype=dtype, device=x.device)
+        _all_gather(gathered, stats.reshape(-1), group=shard.group)  # the one collective
+        lse, u = _merge(gathered.view(world, n, 3))
+        per_row = torch.where(rows.counted, rows.a * lse - u + options.z_loss * lse**2, 0)
+        divisor = _divisor(rows)
+        if options.reduction == "none":
+            loss = per_row
+        else:
+            loss = per_row.sum() if options.reduction == "sum" else per_row.sum() / divisor
+        ctx.inplace = inplace and ctx.needs_input_grad[0]
+        if ctx.inplace:  # the gradient for an incoming 1 of each row's loss, over the logits
+            _gradient(x, lse, rows.counted.to(dtype), None, shard, options, rows, out=x)
+            torch.autograd.graph.increment_version(x)
+        ctx.save_for_backward(None if ctx.inplace else x, t, options.weight, lse, divisor)
+        ctx.x = x if ctx.inplace else None
+        ctx.shard, ctx.options = shard, options._replace(weight=None)
+        ctx.set_materialize_grads(False)
+        return loss.to(torch.float32 if options.float32_loss else x.dtype), lse
+
+    @staticmethod
+    def backward(ctx, grad, grad_lse):
+        x, t, weight, lse, divisor = ctx.saved_tensors
+        options = ctx.options._replace(weight=weight)
+        dtype = lse.dtype
+        if ctx.inplace:
+            x, ctx.x = ctx.x, None
+            if x is None:
+                raise RuntimeError("inplace=True: the logits hold the first backward's gradient, and a second "
+                                   "backward through the graph (retain_graph) needs the logits")
+            if grad_lse is not None:
+                raise RuntimeError("inplace=True wrote the gradient over the logits, and the lse's gradient needs "
+                                   "them: leave inplace off where the returned lse reaches the result")
+        n, cols = x.shape
+        rows = _rows(t, cols, ctx.shard, options, dtype)
+        if grad is None:
+            grad = torch.zeros(n if options.reduction == "none" else (), dtype=dtype, device=x.device)
+        per_row = _per_row(grad, options.reduction, rows, divisor, n)
+        if ctx.inplace:
+            for start, end in _chunks(n, cols):
+                x[start:end] *= per_row[start:end, None].to(x.dtype)
+            return x, None, None, None, None
+        per_row_lse = None if grad_lse is None else grad_lse.to(dtype)
+        dx = _gradient(x, lse, per_row, per_row_lse, ctx.shard, options, rows, out=torch.empty_like(x))
+        return dx, None, None, None, None
+
+
+def _dtensor_slice(logits):
+    """(local logits, Slice) of a DTensor of logits sharded on their last dimension over a 1-D mesh,
+    the shards as torch splits them (torch.chunk's sizes)."""
+    mesh, placements = logits.device_mesh, logits.placements
+    if mesh.ndim != 1 or len(placements) != 1 or not placements[0].is_shard() or \
+            placements[0].dim % logits.dim() != logits.dim() - 1:
+        raise RuntimeError(f"the logits must be sharded on their last dimension (the classes) over a 1-D mesh; "
+                           f"got placements {placements} over a {mesh.ndim}-D mesh")
+    vocab, rank, world = logits.shape[-1], mesh.get_local_rank(), mesh.size()
+    local = logits.to_local()
+    step = -(-vocab // world)
+    start = min(rank * step, vocab)
+    if local.shape[-1] != max(0, min(step, vocab - start)):
+        raise RuntimeError(f"rank {rank} holds {local.shape[-1]} classes, not torch.chunk's share of {vocab}")
+    return local, Slice(start, vocab, mesh.get_group())
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, vocab_start: Optional[int] = None,
+                                 vocab_size: Optional[int] = None, group=None, *, weight: Optional[torch.Tensor] = None,
+                                 ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                                 z_loss: float = 0.0, softcap: Optional[float] = None, return_lse: bool = False,
+                                 inplace: bool = False):
+    """cross_entropy over V classes split across the ranks of `group` (None: the default group), on every
+    rank the same: logits (..., V_r), this rank's classes [vocab_start, vocab_start + V_r) of vocab_size
+    (V) in all (uneven slices allowed, one rank's may be empty), target (...) the global class indices,
+    the same on every rank; or logits a DTensor sharded on its last dimension over a 1-D mesh (the
+    slice, V and the group then its own). weight: the class weights of all V classes, the same on every
+    rank; the rest as cross_entropy takes them, label smoothing spread over all V classes. One
+    all-gather of 3 numbers a row in the forward (float32; float64 for float64 logits), none in the
+    backward; the gradient is this rank's slice's, in the logits' dtype; inplace=True writes it over
+    the logits in the forward (as cross_entropy's inplace; the lse's gradient then cannot pass).
+    Returns the loss (and with return_lse every row's lse, in float32), reduction "none"'s in the
+    targets' shape."""
+    options = check_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
+    if hasattr(logits, "device_mesh"):  # a DTensor
+        logits, shard = _dtensor_slice(logits)
+        target = target.full_tensor() if hasattr(target, "device_mesh") else target
+    else:
+        if vocab_start is None or vocab_size is None:
+            raise TypeError("vocab_parallel_cross_entropy needs vocab_start and vocab_size with a tensor of logits")
+        shard = Slice(int(vocab_start), int(vocab_size), group)
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("vocab_parallel_cross_entropy gathers across ranks: initialize torch.distributed first")
+    if target.dtype.is_floating_point or target.dtype == torch.bool or target.shape != logits.shape[:-1]:
+        raise RuntimeError(f"target must hold class indices of shape {tuple(logits.shape[:-1])}; got "
+                           f"{target.dtype} of shape {tuple(target.shape)}")
+    cols = logits.shape[-1]
+    if not 0 <= shard.start <= shard.start + cols <= shard.vocab:
+        raise RuntimeError(f"classes [{shard.start}, {shard.start + cols}) are not within the {shard.vocab} classes")
+    if weight is not None and tuple(weight.shape) != (shard.vocab,):
+        raise RuntimeError(f"weight must hold all {shard.vocab} classes' weights; got shape {tuple(weight.shape)}")
+    if torch.is_autocast_enabled(logits.device.type) and logits.dtype in (torch.float16, torch.bfloat16):
+        options = options._replace(float32_loss=True)
+    x = logits.reshape(math.prod(logits.shape[:-1]), cols)
+    if inplace and logits.requires_grad and torch.is_grad_enabled():
+        if (logits if logits._base is None else logits._base).is_leaf:
+            raise RuntimeError("inplace=True would write the gradient over a leaf that requires grad (or a view of "
+                               "one), as PyTorch refuses in-place operations on them")
+        if x.data_ptr() != logits.data_ptr() or not x.is_contiguous():
+            raise RuntimeError("inplace=True writes the gradient over the logits: give them contiguous")
+    sample_shape = target.shape
+    loss, lse = VocabParallelFunction.apply(x, target.reshape(-1).long(), shard, options, bool(inplace))
+    if reduction == "none":
+        loss = loss.reshape(sample_shape)
+    return (loss, lse.reshape(sample_shape)) if return_lse else loss

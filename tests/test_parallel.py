@@ -1,0 +1,260 @@
+"""vocab_parallel_cross_entropy: the vocabulary split across ranks. Each test starts its ranks as
+processes (torch.multiprocessing) that join one process group: gloo on the CPU, NCCL on two GPUs
+(skipped, saying why, with fewer). Every rank's loss, lse and slice of the gradient are checked
+against the loss of the gathered logits (crossent.cross_entropy) in float64, with random incoming
+gradients: targets on the slices' boundaries, all targets on one rank, the row's max on another rank
+than its target, uneven slices (50257 over 2, an empty slice), every option, inplace, the DTensor
+entry, determinism, and the collectives counted (one in the forward, none in the backward)."""
+import importlib
+import itertools
+import os
+import socket
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import crossent
+from crossent import parallel
+from crossent.parallel import vocab_parallel_cross_entropy
+
+OPTIONS = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(ignore_index=3, reduction="sum"),
+           dict(label_smoothing=0.2), dict(weight=True), dict(z_loss=1e-2), dict(softcap=3.0), dict(return_lse=True),
+           dict(weight=True, label_smoothing=0.1, z_loss=1e-3, softcap=4.0, return_lse=True, reduction="none")]
+
+
+def _spawn(case, world=2, backend="gloo", *args):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank, args=(world, backend, port, case, args), nprocs=world)
+
+
+def _rank(rank, world, backend, port, case, args):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    globals()[case](rank, world, *args)
+    dist.barrier()  # every rank done with the group's last work before any tears it down
+    dist.destroy_process_group()
+    # Past here a rank has passed. Leave without the interpreter's teardown, where a thread a device
+    # mesh leaves over gloo can abort the process after the fact ("terminate called without an
+    # active exception", about one run in fifteen on torch 2.13, CPU).
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(0)
+
+
+def _slices(vocab, sizes):
+    starts = [sum(sizes[:r]) for r in range(len(sizes))]
+    assert sum(sizes) == vocab
+    return list(zip(starts, sizes))
+
+
+def _problem(rows, vocab, dtype, device, seed=0, ignore_index=-100):
+    generator = torch.Generator().manual_seed(seed)  # the same on every rank
+    full = (torch.randn(rows, vocab, generator=generator, dtype=torch.float64) * 3).to(dtype).to(device)
+    t = torch.randint(0, vocab, (rows,), generator=generator)
+    t[::4] = ignore_index
+    return full, t.to(device)
+
+
+def _kwargs(opts, vocab, dtype, device):
+    kwargs = dict(opts)
+    if kwargs.pop("weight", False):
+        generator = torch.Generator().manual_seed(7)
+        kwargs["weight"] = (torch.rand(vocab, generator=generator, dtype=torch.float64) + 0.5).to(dtype).to(device)
+    return kwargs
+
+
+def _check(rank, full, t, start, size, kwargs, dtype, tolerance, inplace=False):
+    """This rank's loss, lse and gradient slice against the gathered logits' in float64."""
+    shard = full[:, start:start + size].clone()
+    leaf = shard.requires_grad_() if not inplace else shard.clone().requires_grad_()
+    x = leaf if not inplace else leaf * 1  # inplace needs logits that are not a leaf
+    got = vocab_parallel_cross_entropy(x, t, start, full.shape[1], inplace=inplace, **kwargs)
+    ref_in = full.double().requires_grad_()
+    kwargs64 = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    want = crossent.cross_entropy(ref_in, t, **kwargs64)
+    got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+    generator = torch.Generator().manual_seed(11)
+    grads = [torch.rand(w.shape, generator=generator, dtype=torch.float64).to(w.device) for w in want]
+    (dx,) = torch.autograd.grad(got, leaf, [g.to(o.dtype) for g, o in zip(grads, got)])
+    (want_dx,) = torch.autograd.grad(want, ref_in, grads)
+    for a, b, what in zip(got + (dx,), want + (want_dx[:, start:start + size],), ("loss", "lse", "dx")[-len(got) - 1:]):
+        assert a.shape == b.shape, (rank, what, kwargs)
+        scale = max(b[b.isfinite()].abs().max().item(), 1.0) if b.isfinite().any() else 1.0
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=tolerance * scale, equal_nan=True,
+                                   msg=f"rank {rank} {what} {kwargs}")
+
+
+# ------------------------------------------------------------------ the ranks' cases
+def _case_every_option(rank, world, device, dtype, vocab, sizes):
+    start, size = _slices(vocab, sizes)[rank]
+    tolerance = 1e-12 if dtype == torch.float64 else 16 * torch.finfo(dtype).eps
+    for opts, inplace in itertools.product(OPTIONS, (False, True)):
+        if inplace and opts.get("return_lse"):
+            continue
+        full, t = _problem(13, vocab, dtype, device, ignore_index=opts.get("ignore_index", -100))
+        t[1], t[2] = sizes[0], sizes[0] - 1  # on both sides of the first boundary
+        _check(rank, full, t, start, size, _kwargs(opts, vocab, dtype, device), dtype, tolerance, inplace)
+
+
+def _case_where_the_targets_and_maxima_lie(rank, world, device):
+    """All targets on the last rank, every row's max on the first; and rows of -inf, NaN and 1e30."""
+    vocab, sizes = 20, [8, 12]
+    start, size = _slices(vocab, sizes)[rank]
+    full, _ = _problem(6, vocab, torch.float64, device)
+    full[:, 0] = 50.0
+    t = torch.tensor([8, 19, 10, -100, 15, 9], device=device)
+    for opts in (o for o in OPTIONS if "ignore_index" not in o):
+        _check(rank, full, t, start, size, _kwargs(opts, vocab, torch.float64, device), torch.float64, 1e-12)
+    odd = full.clone()
+    odd[0], odd[1, 3], odd[2, 9], odd[3] = -float("inf"), float("nan"), 1e30, -float("inf")
+    odd[4, 10:] = -float("inf")  # the second slice of this row is all -inf
+    loss = vocab_parallel_cross_entropy(odd[:, start:start + size], t, start, vocab, reduction="none")
+    want = crossent.cross_entropy(odd, t, reduction="none")
+    torch.testing.assert_close(loss, want, equal_nan=True)
+
+
+def _case_collectives_and_bits(rank, world, device):
+    """One all-gather in the forward, none in the backward; every rank's loss the same bits, run to run."""
+    vocab, sizes = 50257, [25129, 25128]
+    start, size = _slices(vocab, sizes)[rank]
+    full, t = _problem(64, vocab, torch.float32, device)
+    calls = []
+    gather = parallel._all_gather
+    parallel._all_gather = lambda *a, **k: calls.append(a) or gather(*a, **k)
+    results = []
+    for _ in range(2):
+        x = full[:, start:start + size].clone().requires_grad_()
+        loss = vocab_parallel_cross_entropy(x, t, start, vocab, label_smoothing=0.1)
+        forward_calls = len(calls)
+        loss.backward()
+        assert (forward_calls, len(calls)) == (1, 1), calls
+        calls.clear()
+        results.append((loss.detach(), x.grad))
+    parallel._all_gather = gather
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    everyone = [torch.zeros_like(results[0][0]) for _ in range(world)]
+    dist.all_gather(everyone, results[0][0])
+    assert all(torch.equal(everyone[0], other) for other in everyone)
+
+
+def _case_dtensor(rank, world, device):
+    """A DTensor sharded on the classes (torch.chunk's uneven shares of 11 over 2) gives the loss of the
+    full logits, and its gradient the full logits' gradient, sharded."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh(device.split(":")[0], (world,))
+    full, t = _problem(9, 11, torch.float64, device)
+    logits = distribute_tensor(full, mesh, [Shard(1)]).requires_grad_()
+    loss = vocab_parallel_cross_entropy(logits, t, label_smoothing=0.1)
+    loss.backward()
+    ref = full.clone().requires_grad_()
+    want = crossent.cross_entropy(ref, t, label_smoothing=0.1)
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(logits.grad.full_tensor(), ref.grad, rtol=1e-12, atol=1e-15)
+
+
+def _case_no_rows_and_mistakes(rank, world, device):
+    vocab, sizes = 10, [10, 0]  # the second rank's slice is empty
+    start, size = _slices(vocab, sizes)[rank]
+    full, t = _problem(0, vocab, torch.float64, device)
+    for reduction in ("mean", "sum", "none"):
+        x = full[:, start:start + size].clone().requires_grad_()
+        loss = vocab_parallel_cross_entropy(x, t, start, vocab, reduction=reduction)
+        want = crossent.cross_entropy(full, t, reduction=reduction)
+        torch.testing.assert_close(loss, want, equal_nan=True)
+    full, t = _problem(5, vocab, torch.float64, device)
+    x = full[:, start:start + size].clone().requires_grad_()
+    _check(rank, full, t, start, size, {}, torch.float64, 1e-12)
+    with pytest.raises(RuntimeError, match="not within"):
+        vocab_parallel_cross_entropy(x, t, start + 1, vocab)
+    with pytest.raises(RuntimeError, match="class indices"):
+        vocab_parallel_cross_entropy(x, t.double(), start, vocab)
+    with pytest.raises(RuntimeError, match="all 10 classes"):
+        vocab_parallel_cross_entropy(x, t, start, vocab, weight=torch.ones(3, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="leaf"):
+        vocab_parallel_cross_entropy(x, t, start, vocab, inplace=True)
+
+
+# ------------------------------------------------------------------ on the CPU: gloo
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_every_option_over_two_ranks_is_the_gathered_loss(dtype):
+    _spawn("_case_every_option", 2, "gloo", "cpu", dtype, 50, [26, 24])
+
+
+def test_every_option_over_three_uneven_ranks():
+    _spawn("_case_every_option", 3, "gloo", "cpu", torch.float64, 23, [10, 1, 12])
+
+
+def test_where_the_targets_and_maxima_lie():
+    _spawn("_case_where_the_targets_and_maxima_lie", 2, "gloo", "cpu")
+
+
+def test_one_collective_and_the_same_bits():
+    _spawn("_case_collectives_and_bits", 2, "gloo", "cpu")
+
+
+def _public_dtensor():
+    return hasattr(importlib.import_module("torch.distributed.tensor"), "distribute_tensor")
+
+
+@pytest.mark.skipif(not _public_dtensor(), reason="torch.distributed.tensor has no DTensor API before torch 2.5")
+def test_a_dtensor_sharded_on_the_classes():
+    _spawn("_case_dtensor", 2, "gloo", "cpu")
+
+
+def test_no_rows_an_empty_slice_and_mistakes():
+    _spawn("_case_no_rows_and_mistakes", 2, "gloo", "cpu")
+
+
+def test_it_needs_torch_distributed():
+    with pytest.raises(RuntimeError, match="initialize torch.distributed"):
+        vocab_parallel_cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), 0, 3)
+
+
+# ------------------------------------------------------------------ on two GPUs: NCCL
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs for NCCL")
+
+
+@pytest.mark.gpu
+@two_gpus
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_option_over_two_gpus(dtype):
+    _spawn("_case_every_option_on_gpu", 2, "nccl", dtype)
+
+
+def _case_every_option_on_gpu(rank, world, dtype):
+    _case_every_option(rank, world, f"cuda:{rank}", dtype, 50257, [25129, 25128])
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_one_collective_and_the_same_bits_over_two_gpus():
+    _spawn("_case_collectives_on_gpu", 2, "nccl")
+
+
+def _case_collectives_on_gpu(rank, world):
+    """And by the profiler: one NCCL kernel, an all-gather, in a forward and backward."""
+    from torch.profiler import ProfilerActivity, profile
+    device = f"cuda:{rank}"
+    vocab, sizes = 50257, [25129, 25128]
+    start, size = _slices(vocab, sizes)[rank]
+    full, t = _problem(256, vocab, torch.bfloat16, device)
+    x = full[:, start:start + size].clone().requires_grad_()
+    vocab_parallel_cross_entropy(x, t, start, vocab).backward()  # NCCL's communicator, outside the profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        vocab_parallel_cross_entropy(x, t, start, vocab, label_smoothing=0.1).backward()
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    nccl = [name for name in kernels if name.lower().startswith("nccl")]
+    assert len(nccl) == 1 and "allgather" in nccl[0].lower(), nccl
+    _case_collectives_and_bits(rank, world, device)
+    _case_where_the_targets_and_maxima_lie(rank, world, device)
+    if _public_dtensor():
+        _case_dtensor(rank, world, device)
