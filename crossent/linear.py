@@ -55,7 +55,7 @@ class Step(NamedTuple):
 
 
 # A chunk's loss: the kernels' or PyTorch's operations'. Each writes a gradient over the chunk's
-# logits z, which it owns. `sum` and `rows` are options with the reduction "sum" or "none", the
+# logits z, which it owns. sum_options and row_options have the reduction "sum" or "none", the
 # loss in float32 (float64 for float64 logits), no lse.
 
 def _loss_and_gradient(z, t, sum_options, kernels, check_targets):
