@@ -69,8 +69,8 @@ def kind(data):
             return "host"
         return "run_eval" if "timings" in data else "ab" if data.keys() & {"timing", "build_times", "runs"} else None
     first = data[0] if data else {}
-    return next((name for key, name in (("options", "options"), ("copy_ms", "train"), ("shape", "kdim"))
-                 if key in first), None)
+    return next((name for key, name in (("options", "options"), ("copy_ms", "train"), ("shape", "kdim"),
+                                        ("ranks", "parallel"), ("floor_ms", "linear")) if key in first), None)
 
 
 def provenance(files):
@@ -222,6 +222,28 @@ def host_table(r):
                   "step / eager"], body)
 
 
+def linear_table(rows):
+    """bench/linear.py: per N x D x V, each implementation's median, over its floor (the three matmuls,
+    or the one for a forward), and the memory it adds."""
+    body = [[f"{r['N']} x {r['D']} x {r['V']}", r["impl"], ms(r["median_ms"]),
+             times(r["median_ms"] / r["floor_ms"]) + f" {r['floor']}", f"{r['peak_extra_bytes'] / 2**30:.2f} GiB",
+             "" if r["correct"] is None else yes(r["correct"])] for r in rows]
+    return table(["N x D x V", "implementation", "median", "over the floor", "memory added", "correct"], body)
+
+
+def parallel_table(rows):
+    """bench/parallel.py: per N x V over the ranks, each rank's median, the loss's over the copy of its
+    slice plus the all-gather (the worst rank's)."""
+    body = []
+    for (n, v, ranks), impls in by(rows, lambda r: (r["N"], r["V"], r["ranks"])).items():
+        floor = [c + g for c, g in zip(impls["copy"]["median_ms"], impls["all-gather"]["median_ms"])]
+        for impl, r in impls.items():
+            over = times(max(t / f for t, f in zip(r["median_ms"], floor))) if impl == "crossent" else ""
+            body.append([f"{n} x {v} over {ranks}", impl, " / ".join(ms(t) for t in r["median_ms"]), over,
+                         "" if r["correct"] is None else yes(r["correct"])])
+    return table(["N x V", "implementation", "median per rank", "over copy + all-gather", "correct"], body)
+
+
 def load(root):
     return {p.name: json.loads(p.read_text()) for p in sorted((root / "bench" / "results").glob("*.json"))}
 
@@ -281,13 +303,23 @@ def results_md(root, results):
                 f"The best of {'/'.join(sorted({str(r['passes']) for r in rows}))} passes per implementation.")
     for n, r in group(results, "ab").items():
         section(f"`bench/ab.py`: {n}", {n: r}, ab_section(n, r))
+    for n, rows in group(results, "linear").items():
+        section(f"`bench/linear.py`: {n}", {n: rows}, linear_table(rows),
+                "Linear + cross-entropy in bf16, forward and backward into x and W, the median of CUDA-event "
+                "timings; the floor is x W^T, G W and G^T x timed alone in the same run (a forward's: x W^T). "
+                "Memory added: the step's peak over its inputs, its gradients included.")
+    for n, rows in group(results, "parallel").items():
+        section(f"`bench/parallel.py`: {n}", {n: rows}, parallel_table(rows),
+                "The vocabulary split evenly over the ranks, bf16; each rank's median of CUDA-event timings "
+                "after a barrier. The floor: a copy of the rank's slice plus the all-gather of N x 3 float32 "
+                "alone.")
     for n, r in group(results, "hf").items():
         c = r["config"]
         section(f"`bench/hf_gpt2.py`: {n}", {n: r}, hf_table(r),
                 f"A GPT-2 of transformers {r['transformers']} built from a config ({c['n_layer']} layers, width "
                 f"{c['n_embd']}, vocabulary {c['vocab_size']}), trained {r['steps']} steps of {r['batch']} x "
                 f"{r['sequence']} tokens under {r['autocast']} autocast from the same weights, batches and dropout "
-                "masks, once per loss: transformers' own, one in float64, crossent's. The float64 run's distance "
+                "masks, once per loss in the table (transformers' own, one in float64, crossent's). The float64 run's distance "
                 "is what rounding alone moves the curve; the time per step includes the optimizer and a sync.")
     for n, r in group(results, "host").items():
         section(f"`bench/host.py`: {n}", {n: r}, host_table(r),

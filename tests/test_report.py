@@ -95,3 +95,21 @@ def test_host_times_are_tabulated_against_eager(tree):
     report.write(tree)
     text = (tree / "bench" / "RESULTS.md").read_text()
     assert "| defaults | 12.0 | 11.0 | 16.0 | 0.75x | 80.0 | 180.0 | 0.44x |" in text
+
+
+def test_linear_and_parallel_results_are_tabulated_against_their_floors(tree):
+    """bench/linear.py's rows: time over the floor the row names, memory in GiB; bench/parallel.py's:
+    each rank's time, the loss's worst rank over its copy plus the all-gather."""
+    common = {"device": "GPU", "torch": "2.x", "date": "2030-01-02", "dtype": "bfloat16"}
+    linear = [dict(common, N=8, D=4, V=16, impl=impl, median_ms=t, floor=f, floor_ms=ft, peak_extra_bytes=2**30,
+                   correct=c) for impl, t, f, ft, c in (("matmuls", 10.0, "matmuls", 10.0, None),
+                                                         ("crossent", 10.5, "matmuls", 10.0, True))]
+    parallel = [dict(common, N=8, V=16, ranks=2, impl=impl, median_ms=t, correct=c)
+                for impl, t, c in (("copy", [1.0, 1.0], None), ("all-gather", [0.1, 0.2], None),
+                                   ("crossent", [2.2, 2.4], True))]
+    (tree / "bench" / "results" / "gpu_linear.json").write_text(json.dumps(linear))
+    (tree / "bench" / "results" / "gpu_parallel.json").write_text(json.dumps(parallel))
+    report.write(tree)
+    text = (tree / "bench" / "RESULTS.md").read_text()
+    assert "| 8 x 4 x 16 | crossent | 10.5 ms | 1.05x matmuls | 1.00 GiB | yes |" in text
+    assert "| 8 x 16 over 2 | crossent | 2.20 ms / 2.40 ms | 2.00x | yes |" in text
