@@ -16,6 +16,7 @@ operations' (CPU, float64), with their gradient by torch.func.vjp: the loop is t
 and the backward are custom operators, eager calls and torch.compile's alike (the matmuls dominate:
 the operator's host cost does not show); torch.compile traces the unchunked composition where the
 kernels do not take the logits (torch.func.vjp does not run inside a compiled graph's operator)."""
+import operator
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
@@ -37,9 +38,9 @@ def chunk_rows(rows, classes, elem_bytes, chunk_size=None):
     """Rows per chunk: chunk_size where the caller names it, else as many as keep a chunk's logits
     (rows x classes of elem_bytes) within CHUNK_BYTES, and at least one."""
     if chunk_size is not None:
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        if isinstance(chunk_size, bool) or not hasattr(chunk_size, "__index__") or operator.index(chunk_size) < 1:
             raise ValueError(f"chunk_size must be a positive number of rows; got {chunk_size!r}")
-        return chunk_size
+        return operator.index(chunk_size)
     return max(1, min(rows, CHUNK_BYTES // max(1, classes * elem_bytes)))
 
 
@@ -370,3 +371,9 @@ class LinearCrossEntropyLoss(torch.nn.Module):
                                     ignore_index=self.ignore_index, reduction=self.reduction,
                                     label_smoothing=self.label_smoothing, z_loss=self.z_loss, softcap=self.softcap,
                                     return_lse=self.return_lse, chunk_size=self.chunk_size)
+
+    def extra_repr(self) -> str:
+        extras = {"ignore_index": self.ignore_index != -100, "reduction": self.reduction != "mean",
+                  "label_smoothing": self.label_smoothing, "z_loss": self.z_loss, "softcap": self.softcap,
+                  "return_lse": self.return_lse, "chunk_size": self.chunk_size is not None}
+        return ", ".join(f"{k}={getattr(self, k)}" for k, shown in extras.items() if shown)

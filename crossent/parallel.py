@@ -243,6 +243,9 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, voc
     targets' shape."""
     options = check_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
     if hasattr(logits, "device_mesh"):  # a DTensor
+        if inplace:
+            raise RuntimeError("inplace=True writes over the logits' storage, which a DTensor's local shard shares "
+                               "with it: give this rank's slice as a tensor, or leave inplace off")
         logits, shard = _dtensor_slice(logits)
         target = target.full_tensor() if hasattr(target, "device_mesh") else target
     else:

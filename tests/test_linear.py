@@ -143,6 +143,7 @@ def test_the_chunks_size():
     assert linear.chunk_rows(10, 1000, 4) == 10
     assert linear.chunk_rows(10, 2**40, 4) == 1
     assert linear.chunk_rows(10, 1000, 4, chunk_size=3) == 3
+    assert linear.chunk_rows(10, 1000, 4, chunk_size=torch.tensor(4)) == 4  # anything with __index__
     for bad in (0, -1, 2.0, True, "8"):
         with pytest.raises(ValueError):
             linear.chunk_rows(10, 10, 4, chunk_size=bad)
@@ -177,6 +178,7 @@ def test_the_module_is_the_function():
         x, w, t, linear_bias=b, weight=weight, label_smoothing=0.1, z_loss=1e-3, reduction="sum"), rtol=1e-14, atol=0)
     with pytest.raises(ValueError):
         LinearCrossEntropyLoss(chunk_size=-2)
+    assert repr(module) == "LinearCrossEntropyLoss(reduction=sum, label_smoothing=0.1, z_loss=0.001, chunk_size=3)"
 
 
 def test_torch_compile_traces_it_whole():

@@ -158,6 +158,8 @@ def _case_dtensor(rank, world, device):
     want.backward()
     torch.testing.assert_close(loss, want, rtol=1e-12, atol=0)
     torch.testing.assert_close(logits.grad.full_tensor(), ref.grad, rtol=1e-12, atol=1e-15)
+    with pytest.raises(RuntimeError, match="DTensor"):
+        vocab_parallel_cross_entropy(logits * 1, t, inplace=True)
 
 
 def _case_no_rows_and_mistakes(rank, world, device):
