@@ -78,7 +78,7 @@ def _rows(t, cols, shard, options, dtype):
     return Rows(counted, local, w_t, a)
 
 
-def _local_stats(x, t, shard, options, rows):
+def _local_stats(x, shard, options, rows):
     """(m, s, u) of every row over this rank's classes, rows x 3."""
     dtype = _wide(x.dtype)
     n, cols = x.shape
@@ -130,9 +130,10 @@ def _gradient(x, lse, per_row, per_row_lse, shard, options, rows, out):
         if per_row_lse is not None:
             coefficient = coefficient + per_row_lse[start:end]
         dy = coefficient[:, None] * p
-        local = rows.local[start:end]
-        ours = (local >= 0).nonzero()[:, 0]
-        dy[ours, local[ours]] -= ((1 - eps) * g * rows.w_t[start:end])[ours]
+        local = rows.local[start:end]  # the target's term where this rank holds it; no host synchronization
+        target_term = torch.where(local >= 0, -(1 - eps) * g * rows.w_t[start:end], 0)
+        if cols:
+            dy.scatter_add_(1, local.clamp(min=0)[:, None], target_term[:, None])
         if eps:
             dy -= (eps / shard.vocab) * g[:, None] * (1 if w_slice is None else w_slice[None, :])
         if softcap:
@@ -160,7 +161,7 @@ class VocabParallelFunction(torch.autograd.Function):
         dtype = _wide(x.dtype)
         n, cols = x.shape
         rows = _rows(t, cols, shard, options, dtype)
-        stats = _local_stats(x, t, shard, options, rows)
+        stats = _local_stats(x, shard, options, rows)
         world = dist.get_world_size(shard.group)
         gathered = torch.empty((world * n * 3,), dtype=dtype, device=x.device)
         _all_gather(gathered, stats.reshape(-1), group=shard.group)  # the one collective

@@ -242,7 +242,8 @@ def test_one_collective_and_the_same_bits_over_two_gpus():
 
 
 def _case_collectives_on_gpu(rank, world):
-    """And by the profiler: one NCCL kernel, an all-gather, in a forward and backward."""
+    """No host synchronization in a step; and by the profiler, one NCCL kernel, an all-gather, in a
+    forward and backward."""
     from torch.profiler import ProfilerActivity, profile
     device = f"cuda:{rank}"
     vocab, sizes = 50257, [25129, 25128]
@@ -250,6 +251,12 @@ def _case_collectives_on_gpu(rank, world):
     full, t = _problem(256, vocab, torch.bfloat16, device)
     x = full[:, start:start + size].clone().requires_grad_()
     vocab_parallel_cross_entropy(x, t, start, vocab).backward()  # NCCL's communicator, outside the profile
+    torch.cuda.set_sync_debug_mode("error")  # a step that waits on the GPU raises
+    try:
+        vocab_parallel_cross_entropy(x, t, start, vocab, label_smoothing=0.1, weight=torch.ones(vocab, device=device,
+                                     dtype=torch.bfloat16)).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         vocab_parallel_cross_entropy(x, t, start, vocab, label_smoothing=0.1).backward()
         torch.cuda.synchronize()
