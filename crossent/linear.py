@@ -45,14 +45,16 @@ def chunk_rows(rows, classes, elem_bytes, chunk_size=None):
 
 
 class Step(NamedTuple):
-    """What a forward computes besides the loss: which gradients it writes in the forward (fused:
-    the reduction is one number and no lse is returned), and where the logits' rows are cut."""
+    """How a call goes: whether the forward writes the gradients (fused: the reduction is one number
+    and no lse is returned), which gradients are wanted, where the logits' rows are cut, and who
+    computes a chunk's loss."""
     fused: bool
     dx: bool            # d loss / d input wanted
     dw: bool            # d loss / d linear_weight wanted
     db: bool            # d loss / d linear_bias wanted
     chunk: int          # rows per chunk
     check_targets: bool
+    kernels: bool       # the kernels compute each chunk's loss (api.kernels_take), else PyTorch's operations
 
 
 # A chunk's loss: the kernels' or PyTorch's operations'. Each writes a gradient over the chunk's
@@ -122,7 +124,7 @@ def forward_chunks(x, w, b, t, options: Options, step: Step):
     wanted gradients of the sum, unscaled, in float32 (float64 for float64 inputs), else empty."""
     rows, classes = x.shape[0], w.shape[0]
     wide = _wide(x.dtype)
-    kernels = kernels_take(x.new_empty((0, classes)), t, options)
+    kernels = step.kernels
     sum_options = options._replace(reduction="sum", return_lse=False, float32_loss=True)
     row_options = options._replace(reduction="none", return_lse=False, float32_loss=True)
     def buffer(wanted, shape, fill=torch.empty):  # an empty tensor where not wanted: a result of the operator
@@ -161,8 +163,8 @@ def forward_chunks(x, w, b, t, options: Options, step: Step):
     return loss, state, dx, dw, db
 
 
-def backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options: Options, step: Step, wanted):
-    """(d loss / d x, d loss / d w, d loss / d b), each None where not wanted (three bools): grad, the
+def backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options: Options, step: Step):
+    """(d loss / d x, d loss / d w, d loss / d b), each None where the step does not want it: grad, the
     loss's incoming gradient; grad_lse, the log-sum-exps' (or None). Where the step is fused, the
     forward's accumulators (dx, dw, db) times grad over the mean's divisor, the ignored rows' dx 0;
     else each chunk's logits made again and their gradient from the rows' (m, s) (state)."""
@@ -170,6 +172,7 @@ def backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options: Opti
     scale = grad.to(_wide(x.dtype))
     if options.reduction == "mean":
         scale = scale / mean_divisor(t, options.weight, options.ignore_index, scale.dtype)
+    wanted = step.dx, step.dw, step.db
     if step.fused:
         # An ignored row's gradient is 0 and no other row's reaches it, whatever the scale (inf where
         # no row counts, the mean's 0 / 0); dw and db are sums over the rows: 0 where none counts.
@@ -178,8 +181,7 @@ def backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options: Opti
         dw_out = torch.mul(dw, any_row, out=torch.empty_like(w)) if wanted[1] else None
         db_out = torch.mul(db, any_row, out=torch.empty_like(b)) if wanted[2] else None
         return dx_out, dw_out, db_out
-    rows = x.shape[0]
-    kernels = kernels_take(x.new_empty((0, w.shape[0])), t, options)
+    rows, kernels = x.shape[0], step.kernels
     row_options = options._replace(reduction="none", return_lse=False, float32_loss=True)
     per_row = scale if options.reduction == "none" else scale.expand(rows)
     wide = _wide(x.dtype)
@@ -202,25 +204,38 @@ def backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options: Opti
     return dx_out, None if dw_acc is None else dw_acc.to(w.dtype), None if db_acc is None else db_acc.to(b.dtype)
 
 
+def _flat(options: Options, step: Step):
+    """The options (but the class weights, a tensor of their own) and the step, as the operators'
+    schemas take them."""
+    return (options.ignore_index, options.reduction, options.label_smoothing, options.z_loss, options.softcap,
+            options.float32_loss, *step)
+
+
+def _rebuilt(weight, ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss, *step):
+    return Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap, float32_loss), Step(*step)
+
+
 def _op_forward(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor], t: torch.Tensor,
                 weight: Optional[torch.Tensor], ignore_index: int, reduction: str, label_smoothing: float,
                 z_loss: float, softcap: float, float32_loss: bool, fused: bool, dx: bool, dw: bool, db: bool,
-                chunk: int, check_targets: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                          torch.Tensor]:
-    options = Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap, float32_loss)
+                chunk: int, check_targets: bool, kernels: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                         torch.Tensor, torch.Tensor]:
+    options, step = _rebuilt(weight, ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss, fused,
+                             dx, dw, db, chunk, check_targets, kernels)
     with torch.autocast(x.device.type, enabled=False):  # the caller cast the operands
-        return forward_chunks(x, w, b, t, options, Step(fused, dx, dw, db, chunk, check_targets))
+        return forward_chunks(x, w, b, t, options, step)
 
 
 def _op_backward(grad: torch.Tensor, grad_lse: Optional[torch.Tensor], x: torch.Tensor, w: torch.Tensor,
                  b: Optional[torch.Tensor], t: torch.Tensor, state: torch.Tensor, dx: torch.Tensor, dw: torch.Tensor,
                  db: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int, reduction: str,
-                 label_smoothing: float, z_loss: float, softcap: float, float32_loss: bool, fused: bool,
-                 chunk: int, wanted: List[bool]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    options = Options(weight, ignore_index, reduction, z_loss, False, label_smoothing, softcap, float32_loss)
-    step = Step(fused, *wanted, chunk, False)
+                 label_smoothing: float, z_loss: float, softcap: float, float32_loss: bool, fused: bool, dx_wanted: bool,
+                 dw_wanted: bool, db_wanted: bool, chunk: int, check_targets: bool,
+                 kernels: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    options, step = _rebuilt(weight, ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss, fused,
+                             dx_wanted, dw_wanted, db_wanted, chunk, check_targets, kernels)
     with torch.autocast(x.device.type, enabled=False):
-        grads = backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options, step, wanted)
+        grads = backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options, step)
     return tuple(g if g is not None else x.new_empty(0) for g in grads)
 
 
@@ -230,24 +245,25 @@ backward_op = torch.library.custom_op(f"{OP_NAMESPACE}::linear_cross_entropy_bac
 
 
 @forward_op.register_fake
-def _forward_shapes(x, w, b, t, weight, ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss,
-                    fused, dx, dw, db, chunk, check_targets):
-    wide = _wide(x.dtype)
-    rows = x.shape[0]
-    loss = x.new_empty((rows,) if reduction == "none" else (), dtype=torch.float32 if float32_loss else x.dtype)
+def _forward_shapes(x, w, b, t, weight, *flat):
+    options, step = _rebuilt(weight, *flat)
+    wide, rows = _wide(x.dtype), x.shape[0]
+    loss = x.new_empty((rows,) if options.reduction == "none" else (),
+                       dtype=torch.float32 if options.float32_loss else x.dtype)
 
     def buffer(wanted, shape):
         return x.new_empty(shape if wanted else 0, dtype=wide)
 
-    return (loss, buffer(not fused, (rows, 2)), buffer(fused and dx, x.shape), buffer(fused and dw, w.shape),
-            buffer(fused and db, w.shape[:1]))
+    fused = step.fused
+    return (loss, buffer(not fused, (rows, 2)), buffer(fused and step.dx, x.shape), buffer(fused and step.dw, w.shape),
+            buffer(fused and step.db, w.shape[:1]))
 
 
 @backward_op.register_fake
-def _backward_shapes(grad, grad_lse, x, w, b, t, state, dx, dw, db, weight, ignore_index, reduction, label_smoothing,
-                     z_loss, softcap, float32_loss, fused, chunk, wanted):
-    return (torch.empty_like(x) if wanted[0] else x.new_empty(0), torch.empty_like(w) if wanted[1] else x.new_empty(0),
-            torch.empty_like(b) if wanted[2] else x.new_empty(0))
+def _backward_shapes(grad, grad_lse, x, w, b, t, state, dx, dw, db, weight, *flat):
+    _, step = _rebuilt(weight, *flat)
+    return (torch.empty_like(x) if step.dx else x.new_empty(0), torch.empty_like(w) if step.dw else x.new_empty(0),
+            torch.empty_like(b) if step.db else x.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output):
@@ -262,27 +278,29 @@ def _op_gradients(ctx, grad, grad_state, *_):
         raise RuntimeError("linear_cross_entropy's gradient has no gradient of its own: double backward "
                            "(create_graph=True through the loss) is not supported")
     x, w, b, t, weight, state, dx, dw, db = ctx.saved_tensors
-    ignore_index, reduction, label_smoothing, z_loss, softcap, float32_loss, fused, _, _, _, chunk, _ = ctx.flat
+    options, step = _rebuilt(weight, *ctx.flat)
     wanted = [bool(n) for n in ctx.needs_input_grad[:3]]
+    step = step._replace(dx=wanted[0], dw=wanted[1], db=wanted[2])
     if grad is None:
-        grad = torch.zeros(t.shape if reduction == "none" else (), dtype=torch.float32, device=x.device)
-    grad_lse = None if grad_state is None or fused else grad_state[:, 0]
-    grads = backward_op(grad, grad_lse, x, w, b, t, state, dx, dw, db, weight, ignore_index, reduction,
-                        label_smoothing, z_loss, softcap, float32_loss, fused, chunk, wanted)
-    return *(g if n else None for g, n in zip(grads, wanted)), *[None] * 14
+        grad = torch.zeros(t.shape if options.reduction == "none" else (), dtype=torch.float32, device=x.device)
+    grad_lse = None if grad_state is None or step.fused else grad_state[:, 0]
+    grads = backward_op(grad, grad_lse, x, w, b, t, state, dx, dw, db, weight, *_flat(options, step))
+    return *(g if n else None for g, n in zip(grads, wanted)), *[None] * (len(ctx.flat) + 2)
 
 
 forward_op.register_autograd(_op_gradients, setup_context=_setup_context)
 
 
 def _autocast(x, w, b):
-    """The operands as autocast casts a linear layer's (where it is on for their device), and whether
-    it is: the loss is then float32, as autocast's cross-entropy's."""
+    """The operands as autocast casts a linear layer's where it is on for their device (float64 ones
+    stay as they are), and whether the logits are then 16-bit: their loss is float32, as autocast's
+    cross-entropy's."""
     device = x.device.type
     if not torch.is_autocast_enabled(device):
         return x, w, b, False
     dtype = torch.get_autocast_dtype(device)
-    return x.to(dtype), w.to(dtype), None if b is None else b.to(dtype), True
+    x, w, b = (a if a is None or a.dtype == torch.float64 else a.to(dtype) for a in (x, w, b))
+    return x, w, b, x.dtype == dtype
 
 
 def _check_shapes(x, w, b, t):
@@ -304,7 +322,7 @@ def _check_shapes(x, w, b, t):
 
 def linear_cross_entropy(input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor, *,
                          linear_bias: Optional[torch.Tensor] = None, weight: Optional[torch.Tensor] = None,
-                         ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                         ignore_index: Optional[int] = -100, reduction: str = "mean", label_smoothing: float = 0.0,
                          z_loss: float = 0.0, softcap: Optional[float] = None, return_lse: bool = False,
                          chunk_size: Optional[int] = None):
     """cross_entropy(F.linear(input, linear_weight, linear_bias), target, ...) with the logits a chunk
@@ -312,13 +330,15 @@ def linear_cross_entropy(input: torch.Tensor, linear_weight: torch.Tensor, targe
     None, target (...) class indices; weight (class weights, V) and every other option as
     cross_entropy takes them (see there). The loss, the lse and the gradients of input, linear_weight
     and linear_bias are cross_entropy's of the linear layer's logits, to rounding: the weight's and
-    the bias's summed over the chunks in float32 and rounded once. PyTorch's names and argument
+    the bias's summed over the chunks in float32 and rounded once (16-bit operands on the CPU, or
+    with torch before 2.8: each chunk's product rounded to their dtype first). PyTorch's names and argument
     order (F.linear_cross_entropy in torch 2.13 and later).
     chunk_size: rows per chunk; None: as many as keep a chunk's logits within CHUNK_BYTES (1 GiB).
     With reduction "mean" or "sum" and no lse returned, the gradients are computed in the forward
     (three matmuls); with reduction "none" or return_lse, the backward makes the logits again
     (four). Under torch.autocast the operands are cast as autocast casts a linear layer's, and the
     loss is float32. No host synchronization; a custom operator, which torch.compile takes whole."""
+    ignore_index = -100 if ignore_index is None else ignore_index  # torch 2.13's F.linear_cross_entropy's None
     options = check_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
     return linear_loss(input, linear_weight, target, linear_bias, options, chunk_size)
 
@@ -327,22 +347,24 @@ def linear_loss(input, linear_weight, target, linear_bias, options: Options, chu
     """linear_cross_entropy of checked options (inputs.Options; float32_loss: a float32 loss from
     16-bit operands, as crossent.hf asks), for every public entry."""
     _check_shapes(input, linear_weight, linear_bias, target)
-    if input.dim() == 1 or (torch.compiler.is_compiling() and not kernels_take(
-            input.new_empty((0, linear_weight.shape[0])), target, options)):
+    if options.weight is not None and options.weight.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError("the derivative for 'weight' is not implemented")  # PyTorch's, for class weights
+    x, w, b, autocast = _autocast(input, linear_weight, linear_bias)
+    options = options._replace(float32_loss=options.float32_loss or autocast)
+    kernels = kernels_take(x.new_empty((0, w.shape[0])), target, options)  # as each chunk's logits will be
+    if input.dim() == 1 or (torch.compiler.is_compiling() and not kernels):
         # One row, whose logits are the chunk; or a compiled call the kernels do not take, traced unchunked:
         # torch.func.vjp, the composition's gradient, does not run inside a compiled graph's operator.
         return routed_loss(F.linear(input, linear_weight, linear_bias), target, options)
-    x, w, b, autocast = _autocast(input, linear_weight, linear_bias)
     reduction, return_lse = options.reduction, options.return_lse
-    options = options._replace(return_lse=False, float32_loss=options.float32_loss or autocast)
+    options = options._replace(return_lse=False)
     sample_shape = target.shape
-    x, t = x.reshape(-1, x.shape[-1]), target.reshape(-1)
+    x, t = x.flatten(0, -2), target.reshape(-1)
     chunk = chunk_rows(x.shape[0], w.shape[0], x.element_size(), chunk_size)
     needs = [torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x, w, b)]
     fused = any(needs) and reduction != "none" and not return_lse
-    step = Step(fused, *needs, chunk, check_targets_from_env())
-    loss, state, *_ = forward_op(x, w, b, t, options.weight, options.ignore_index, reduction, options.label_smoothing,
-                                 options.z_loss, options.softcap, options.float32_loss, *step)
+    step = Step(fused, *needs, chunk, check_targets_from_env(), kernels)
+    loss, state, *_ = forward_op(x, w, b, t, options.weight, *_flat(options, step))
     if reduction == "none":
         loss = loss.reshape(sample_shape)
     if not return_lse:

@@ -204,10 +204,28 @@ def test_autocast_on_the_cpu_casts_as_a_linear_layer():
     torch.testing.assert_close(got[0], want.float(), rtol=2**-7, atol=0)
 
 
+def test_what_autocast_leaves_and_pytorchs_other_conventions():
+    """Under autocast float64 operands stay float64 (autocast casts no float64), as F.linear's do; a
+    hidden size of 0; torch 2.13's ignore_index=None for -100; class weights that require grad refused
+    as PyTorch refuses them."""
+    x, w, b, t = _operands(10, 4, 6, torch.float64, bias=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = linear_cross_entropy(x, w, t, linear_bias=b, chunk_size=3), _unchunked(x, w, b, t, {})
+    assert got.dtype == want.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    empty_x, empty_w = torch.randn(5, 0, dtype=torch.float64), torch.randn(6, 0, dtype=torch.float64)
+    t5 = t[:5]
+    torch.testing.assert_close(linear_cross_entropy(empty_x, empty_w, t5), _unchunked(empty_x, empty_w, None, t5, {}))
+    torch.testing.assert_close(linear_cross_entropy(x, w, t, ignore_index=None), linear_cross_entropy(x, w, t))
+    with pytest.raises(RuntimeError, match="derivative for 'weight'"):
+        linear_cross_entropy(x, w, t, weight=torch.rand(6, dtype=torch.float64, requires_grad=True))
+
+
 def _opcheck(device, steps):
     x, w, b, t = _operands(9, 4, 6, torch.float32, device, bias=True)
     for fused, reduction in steps:
-        args = (x, w, b, t, None, -100, reduction, 0.1, 1e-3, 0.0, False, fused, True, True, True, 4, False)
+        args = (x, w, b, t, None, -100, reduction, 0.1, 1e-3, 0.0, False, fused, True, True, True, 4, False,
+                device != "cpu")
         torch.library.opcheck(linear.forward_op, args, test_utils=("test_schema", "test_autograd_registration",
                                                                     "test_faketensor"))
 
@@ -338,6 +356,19 @@ def test_torch_compile_on_the_gpu_is_eagers():
             assert torch.equal(g, e)
         for g, e in zip(got[1:], want[1:]):  # the lse, m + log s: the compiler's log
             torch.testing.assert_close(g, e, rtol=1e-6, atol=0)
+
+
+@pytest.mark.gpu
+def test_torch_compile_under_autocast_with_float32_class_weights():
+    """bf16 logits with float32 class weights, which the kernels do not take: compiled, the call is
+    traced unchunked, and its loss and gradients are eager's chunked ones, to bf16's rounding."""
+    x, w, b, t = _operands(300, 64, 1000, torch.float32, "cuda", bias=True)
+    kwargs = {"weight": torch.rand(1000, device="cuda") + 0.5, "label_smoothing": 0.1}
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got, got_grads = _step(torch.compile(_chunked(100), fullgraph=True), x, w, b, t, kwargs)
+        want, want_grads = _step(_chunked(100), x, w, b, t, kwargs)
+    for g, e in zip(got + got_grads, want + want_grads):
+        torch.testing.assert_close(g, e, rtol=2**-6, atol=2**-6 * e.abs().max().item())
 
 
 @pytest.mark.gpu
