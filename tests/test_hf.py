@@ -77,6 +77,42 @@ def test_a_gpt2_with_its_head_in_the_loss_is_transformers_gpt2():
     assert torch.equal(ours(input_ids=tokens).logits, theirs(input_ids=tokens).logits)
 
 
+def test_the_fused_head_follows_the_model_it_is_on():
+    """A deep copy computes with its own weights; return_dict=False gives a tuple; a config's logit cap
+    is the loss's softcap; a config that scales the logits, or a head with hooks, is refused."""
+    transformers = pytest.importorskip("transformers")
+    import copy
+    config = transformers.GPT2Config(vocab_size=100, n_positions=16, n_embd=8, n_layer=1, n_head=2, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    model = crossent.hf.use_crossent(transformers.GPT2LMHeadModel(config).double(), head=True)
+    tokens = torch.randint(0, 100, (2, 12))
+    twin = copy.deepcopy(model)
+    before = twin(input_ids=tokens, labels=tokens).loss
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    assert torch.equal(twin(input_ids=tokens, labels=tokens).loss, before)
+    as_tuple = model(input_ids=tokens, labels=tokens, return_dict=False)
+    assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], model(input_ids=tokens, labels=tokens).loss)
+
+    capped = transformers.GPT2LMHeadModel(config).double()
+    capped.config.final_logit_softcapping = 3.0
+    logits = capped(input_ids=tokens).logits  # GPT-2 does not cap them itself: the loss's softcap does
+    want = crossent.cross_entropy(logits[:, :-1].reshape(-1, 100), tokens[:, 1:].reshape(-1), softcap=3.0).float()
+    got = crossent.hf.use_crossent(capped, head=True)(input_ids=tokens, labels=tokens).loss
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+
+    scaled = transformers.GPT2LMHeadModel(config)
+    scaled.config.logits_scaling = 4.0  # Granite's
+    with pytest.raises(RuntimeError, match="logits_scaling"):
+        crossent.hf.use_crossent(scaled, head=True)
+    hooked = transformers.GPT2LMHeadModel(config)
+    hooked.lm_head.register_forward_pre_hook(lambda module, args: None)
+    with pytest.raises(RuntimeError, match="hooks"):
+        crossent.hf.use_crossent(hooked, head=True)
+
+
 @pytest.mark.gpu
 def test_a_gpt2_trains_with_it_as_with_transformers_loss():
     """A model given the loss by use_crossent learns the task, its loss curve within 3 times the
