@@ -25,7 +25,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from .inputs import Options, check_options
+from .inputs import Options, check_options, check_targets_from_env, first_bad_target
 
 ROW_CHUNK_BYTES = 64 << 20  # the float32 temporaries of a chunk of rows at most
 # torch 2.13 renamed the gather into one tensor; the old name warns there (neither: a torch without
@@ -55,7 +55,7 @@ def _chunks(rows, cols):
     return [(start, min(rows, start + step)) for start in range(0, rows, step)]
 
 
-class Rows(NamedTuple):
+class RowTerms(NamedTuple):
     """What each row's loss needs beside its lse and u, the same on every rank."""
     counted: torch.Tensor   # the target is not ignored
     local: torch.Tensor     # the target's column in this rank's slice, -1 where another rank holds it
@@ -63,7 +63,7 @@ class Rows(NamedTuple):
     a: torch.Tensor         # the lse's coefficient, NaN where the target is outside [0, V)
 
 
-def _rows(t, cols, shard, options, dtype):
+def _row_terms(t, cols, shard, options, dtype):
     weight, eps = options.weight, options.label_smoothing
     counted = t != options.ignore_index
     inside = (t >= 0) & (t < shard.vocab)
@@ -75,7 +75,7 @@ def _rows(t, cols, shard, options, dtype):
         w_t, total = weight.to(dtype)[t.clamp(0, shard.vocab - 1)], weight.sum(dtype=dtype)
     a = (1 - eps) * w_t + eps / shard.vocab * total
     a = torch.where(counted & ~inside, math.nan, a)
-    return Rows(counted, local, w_t, a)
+    return RowTerms(counted, local, w_t, a)
 
 
 def _local_stats(x, shard, options, rows):
@@ -160,7 +160,7 @@ class VocabParallelFunction(torch.autograd.Function):
     def forward(ctx, x, t, shard, options, inplace):
         dtype = _wide(x.dtype)
         n, cols = x.shape
-        rows = _rows(t, cols, shard, options, dtype)
+        rows = _row_terms(t, cols, shard, options, dtype)
         stats = _local_stats(x, shard, options, rows)
         world = dist.get_world_size(shard.group)
         gathered = torch.empty((world * n * 3,), dtype=dtype, device=x.device)
@@ -196,13 +196,13 @@ class VocabParallelFunction(torch.autograd.Function):
                 raise RuntimeError("inplace=True wrote the gradient over the logits, and the lse's gradient needs "
                                    "them: leave inplace off where the returned lse reaches the result")
         n, cols = x.shape
-        rows = _rows(t, cols, ctx.shard, options, dtype)
+        rows = _row_terms(t, cols, ctx.shard, options, dtype)
         if grad is None:
             grad = torch.zeros(n if options.reduction == "none" else (), dtype=dtype, device=x.device)
         per_row = _per_row(grad, options.reduction, rows, divisor, n)
         if ctx.inplace:
-            for start, end in _chunks(n, cols):
-                x[start:end] *= per_row[start:end, None].to(x.dtype)
+            for start, end in _chunks(n, cols):  # the product in float32, rounded once
+                x[start:end] = x[start:end].to(dtype) * per_row[start:end, None]
             return x, None, None, None, None
         per_row_lse = None if grad_lse is None else grad_lse.to(dtype)
         dx = _gradient(x, lse, per_row, per_row_lse, ctx.shard, options, rows, out=torch.empty_like(x))
@@ -263,6 +263,10 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, voc
         raise RuntimeError(f"classes [{shard.start}, {shard.start + cols}) are not within the {shard.vocab} classes")
     if weight is not None and tuple(weight.shape) != (shard.vocab,):
         raise RuntimeError(f"weight must hold all {shard.vocab} classes' weights; got shape {tuple(weight.shape)}")
+    if weight is not None and weight.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError("the derivative for 'weight' is not implemented")  # PyTorch's, for class weights
+    if check_targets_from_env():  # every rank holds every target: each raises alike, before the gather
+        first_bad_target(target, shard.vocab, options.ignore_index)
     if torch.is_autocast_enabled(logits.device.type) and logits.dtype in (torch.float16, torch.bfloat16):
         options = options._replace(float32_loss=True)
     x = logits.reshape(math.prod(logits.shape[:-1]), cols)

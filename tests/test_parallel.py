@@ -182,6 +182,12 @@ def _case_no_rows_and_mistakes(rank, world, device):
         vocab_parallel_cross_entropy(x, t, start, vocab, weight=torch.ones(3, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="leaf"):
         vocab_parallel_cross_entropy(x, t, start, vocab, inplace=True)
+    with pytest.raises(RuntimeError, match="derivative for 'weight'"):
+        vocab_parallel_cross_entropy(x, t, start, vocab, weight=torch.ones(vocab, dtype=torch.float64).requires_grad_())
+    os.environ["CROSS_ENTROPY_CHECK_TARGETS"] = "1"  # every rank raises, none waits in the gather
+    with pytest.raises(IndexError, match="outside"):
+        vocab_parallel_cross_entropy(x, t.index_fill(0, torch.tensor([2]), vocab), start, vocab)
+    del os.environ["CROSS_ENTROPY_CHECK_TARGETS"]
 
 
 # ------------------------------------------------------------------ on the CPU: gloo
