@@ -350,14 +350,14 @@ def linear_loss(input, linear_weight, target, linear_bias, options: Options, chu
     if options.weight is not None and options.weight.requires_grad and torch.is_grad_enabled():
         raise RuntimeError("the derivative for 'weight' is not implemented")  # PyTorch's, for class weights
     x, w, b, autocast = _autocast(input, linear_weight, linear_bias)
-    options = options._replace(float32_loss=options.float32_loss or autocast)
+    if autocast and not options.float32_loss:  # (_replace only where needed: torch 2.4's compiler cannot trace it)
+        options = options._replace(float32_loss=True)
     kernels = kernels_take(x.new_empty((0, w.shape[0])), target, options)  # as each chunk's logits will be
     if input.dim() == 1 or (torch.compiler.is_compiling() and not kernels):
         # One row, whose logits are the chunk; or a compiled call the kernels do not take, traced unchunked:
         # torch.func.vjp, the composition's gradient, does not run inside a compiled graph's operator.
         return routed_loss(F.linear(input, linear_weight, linear_bias), target, options)
-    reduction, return_lse = options.reduction, options.return_lse
-    options = options._replace(return_lse=False)
+    reduction, return_lse = options.reduction, options.return_lse  # the operators take no return_lse: _flat
     sample_shape = target.shape
     x, t = x.flatten(0, -2), target.reshape(-1)
     chunk = chunk_rows(x.shape[0], w.shape[0], x.element_size(), chunk_size)
