@@ -200,9 +200,10 @@ def ab_section(name, r):
 
 def hf_table(r):
     """bench/hf_gpt2.py: one row per loss the model trained with."""
-    return table(["loss", "first step", "last step", "largest distance from transformers' curve", "peak memory",
-                  "time per step"],
+    return table(["loss", "first step", "last step", "largest distance from transformers' curve",
+                  "one step's gradient error", "peak memory", "time per step"],
                  [[name, f"{run['losses'][0]:.4f}", f"{run['losses'][-1]:.4f}", f"{run.get('distance', 0.0):.2e}",
+                   f"{run['gradient_error']:.2e}" if "gradient_error" in run else "",
                    f"{run['peak_bytes'] / 2**20:.0f} MiB", f"{run['step_ms']:.2f} ms"] for name, run in r["runs"].items()])
 
 
@@ -319,8 +320,9 @@ def results_md(root, results):
                 f"A GPT-2 of transformers {r['transformers']} built from a config ({c['n_layer']} layers, width "
                 f"{c['n_embd']}, vocabulary {c['vocab_size']}), trained {r['steps']} steps of {r['batch']} x "
                 f"{r['sequence']} tokens under {r['autocast']} autocast from the same weights, batches and dropout "
-                "masks, once per loss in the table (transformers' own, one in float64, crossent's). The float64 run's distance "
-                "is what rounding alone moves the curve; the time per step includes the optimizer and a sync.")
+                "masks, once per loss in the table. The float64 runs' distances are what rounding alone moves the "
+                "curve (of the loss; of the head and the loss); a gradient error is one step's at the initial weights, "
+                "against the float64 head's; the time per step includes the optimizer and a sync.")
     for n, r in group(results, "host").items():
         section(f"`bench/host.py`: {n}", {n: r}, host_table(r),
                 f"Host time per call in us, logits {' x '.join(map(str, r['shape']))} {r['dtype']}: the least of "

@@ -115,20 +115,23 @@ def test_the_fused_head_follows_the_model_it_is_on():
 
 @pytest.mark.gpu
 def test_a_gpt2_trains_with_it_as_with_transformers_loss():
-    """A model given the loss by use_crossent learns the task, its loss curve within 3 times the
-    distance rounding alone makes (a float64 loss's) from transformers' own, with less memory. (The
-    bounds hold on an H200 with torch 2.11 and transformers 5.17: bench/results/h200_hf_gpt2.json.)"""
+    """A model given the loss by use_crossent learns the task with less memory. Its loss curve stays
+    within 3 times the distance rounding alone makes (a float64 loss's) from transformers' own; with
+    the head in the loss, one step's gradient is at least as close to a float64 head's as
+    transformers' (which rounds the head's gradient to bfloat16 under autocast): the curve of a more
+    exact gradient drifts from transformers' as far as training amplifies it. (The bounds hold on an
+    H200 with torch 2.11 and transformers 5.17: bench/results/h200_hf_gpt2.json.)"""
     pytest.importorskip("transformers")
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import hf_gpt2
 
     runs = hf_gpt2.run()["runs"]
-    reference, theirs = runs["float64"], runs["transformers"]
-    print({name: (r.get("distance"), r["peak_bytes"], r["step_ms"]) for name, r in runs.items()})
+    theirs = runs["transformers"]
+    print({name: (r["distance"], r["gradient_error"], r["peak_bytes"], r["step_ms"]) for name, r in runs.items()})
     learned = math.log(hf_gpt2.WORDS) + 0.5  # log(vocab_size) at the start, log(WORDS) once the words are known
     assert theirs["losses"][-1] < learned
+    assert runs["crossent"]["distance"] <= max(3 * runs["float64"]["distance"], 1e-3)
+    assert runs["crossent head"]["gradient_error"] <= theirs["gradient_error"]
     for name in ("crossent", "crossent head"):  # the loss alone; the head and the loss in chunks
-        ours = runs[name]
-        assert ours["losses"][-1] < learned, name
-        assert ours["distance"] <= max(3 * reference["distance"], 1e-3), name
-        assert ours["peak_bytes"] < theirs["peak_bytes"], name
+        assert runs[name]["losses"][-1] < learned, name
+        assert runs[name]["peak_bytes"] < theirs["peak_bytes"], name
