@@ -38,11 +38,11 @@ def _rank(rank, world, backend, port, case, args):
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, rank=rank, world_size=world)
     globals()[case](rank, world, *args)
-    dist.barrier()  # every rank done with the group's last work before any tears it down
-    dist.destroy_process_group()
-    # Past here a rank has passed. Leave without the interpreter's teardown, where a thread a device
-    # mesh leaves over gloo can abort the process after the fact ("terminate called without an
-    # active exception", about one run in fifteen on torch 2.13, CPU).
+    dist.barrier()  # every rank done with the group's last work before any leaves
+    # Past here a rank has passed. Leave without tearing the group down: gloo's teardown can deadlock
+    # (torch 2.4: ~ProcessGroupGloo waits for a lock that a worker thread holds while it waits for the
+    # GIL) or abort the process after the fact (torch 2.13: "terminate called without an active
+    # exception", from a thread a device mesh leaves).
     sys.stdout.flush(), sys.stderr.flush()
     os._exit(0)
 
