@@ -17,7 +17,7 @@ and the backward are custom operators, eager calls and torch.compile's alike (th
 the operator's host cost does not show); torch.compile traces the unchunked composition where the
 kernels do not take the logits (torch.func.vjp does not run inside a compiled graph's operator)."""
 import operator
-from typing import List, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -353,12 +353,18 @@ def linear_loss(input, linear_weight, target, linear_bias, options: Options, chu
     if autocast and not options.float32_loss:  # (_replace only where needed: torch 2.4's compiler cannot trace it)
         options = options._replace(float32_loss=True)
     kernels = kernels_take(x.new_empty((0, w.shape[0])), target, options)  # as each chunk's logits will be
-    if input.dim() == 1 or (torch.compiler.is_compiling() and not kernels):
-        # One row, whose logits are the chunk; or a compiled call the kernels do not take, traced unchunked:
-        # torch.func.vjp, the composition's gradient, does not run inside a compiled graph's operator.
-        return routed_loss(F.linear(input, linear_weight, linear_bias), target, options)
-    reduction, return_lse = options.reduction, options.return_lse  # the operators take no return_lse: _flat
     sample_shape = target.shape
+    if input.dim() == 1:  # one row, whose logits are the chunk
+        return routed_loss(F.linear(input, linear_weight, linear_bias), target, options)
+    if torch.compiler.is_compiling() and not kernels:
+        # A compiled call the kernels do not take, traced unchunked: torch.func.vjp, the composition's
+        # gradient, does not run inside a compiled graph's operator. The rows flat, the classes last.
+        logits = F.linear(input.flatten(0, -2), linear_weight, linear_bias)
+        out = routed_loss(logits, target.reshape(-1), options)
+        if not options.return_lse:
+            return out.reshape(sample_shape) if options.reduction == "none" else out
+        return (out[0].reshape(sample_shape) if options.reduction == "none" else out[0]), out[1].reshape(sample_shape)
+    reduction, return_lse = options.reduction, options.return_lse  # the operators take no return_lse: _flat
     x, t = x.flatten(0, -2), target.reshape(-1)
     chunk = chunk_rows(x.shape[0], w.shape[0], x.element_size(), chunk_size)
     needs = [torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x, w, b)]

@@ -182,14 +182,17 @@ def test_the_module_is_the_function():
 
 
 def test_torch_compile_traces_it_whole():
-    """fullgraph=True: no graph break; the compiled loss and gradients are eager's."""
+    """fullgraph=True: no graph break; the compiled loss and gradients are eager's, for rows and for
+    (batch, sequence, D) inputs with every row's loss and lse."""
     x, w, b, t = _operands(16, 8, 12, torch.float32, bias=True)
-    opts = dict(label_smoothing=0.1, z_loss=1e-3)
-    compiled = torch.compile(_chunked(5), fullgraph=True)
-    got, got_grads = _step(compiled, x, w, b, t, opts)
-    want, want_grads = _step(_chunked(5), x, w, b, t, opts)
-    for g, e in zip(got + got_grads, want + want_grads):
-        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+    x3, t3 = x.detach().reshape(2, 8, 8).requires_grad_(), t.reshape(2, 8)
+    for x, t, opts in [(x, t, dict(label_smoothing=0.1, z_loss=1e-3)), (x3, t3, dict(reduction="none", return_lse=True))]:
+        compiled = torch.compile(_chunked(5), fullgraph=True)
+        got, got_grads = _step(compiled, x, w, b, t, opts)
+        want, want_grads = _step(_chunked(5), x, w, b, t, opts)
+        for g, e in zip(got + got_grads, want + want_grads):
+            assert g.shape == e.shape
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
 
 
 def test_autocast_on_the_cpu_casts_as_a_linear_layer():
