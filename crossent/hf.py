@@ -101,13 +101,15 @@ def _forward_with_head_in_loss(model, input_ids=None, *args, labels=None, num_it
     """The model's forward where it has labels (and no further positional arguments): its base, then the
     loss of its head's logits by linear_cross_entropy; a method of the model, so that a copy of the
     model (copy.deepcopy) computes with its own weights."""
-    if labels is None or args:
-        return type(model).forward(model, input_ids, *args, labels=labels, num_items_in_batch=num_items_in_batch,
-                                   shift_labels=shift_labels, **kwargs)
+    if labels is None or args:  # the model's own, given only what its caller gave (older forwards take neither)
+        given = {"num_items_in_batch": num_items_in_batch, "shift_labels": shift_labels}
+        kwargs.update({k: v for k, v in given.items() if v is not None})
+        return type(model).forward(model, input_ids, *args, labels=labels, **kwargs)
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     head = model.get_output_embeddings()
-    outputs = model.base_model(input_ids=input_ids, **{k: v for k, v in kwargs.items() if k not in _MODEL_ONLY})
+    outputs = model.base_model(input_ids=input_ids, return_dict=True,
+                               **{k: v for k, v in kwargs.items() if k not in _MODEL_ONLY})
     hidden = outputs[0]
     reduction = "mean" if num_items_in_batch is None else "sum"
     options = check_options(reduction=reduction, softcap=_logit_cap(model))._replace(float32_loss=True)

@@ -78,8 +78,9 @@ def test_a_gpt2_with_its_head_in_the_loss_is_transformers_gpt2():
 
 
 def test_the_fused_head_follows_the_model_it_is_on():
-    """A deep copy computes with its own weights; return_dict=False gives a tuple; a config's logit cap
-    is the loss's softcap; a config that scales the logits, or a head with hooks, is refused."""
+    """A deep copy computes with its own weights; return_dict=False gives a tuple, the base's outputs
+    in it; a config's logit cap is the loss's softcap; a config that scales the logits, or a head with
+    hooks, is refused."""
     transformers = pytest.importorskip("transformers")
     import copy
     config = transformers.GPT2Config(vocab_size=100, n_positions=16, n_embd=8, n_layer=1, n_head=2, resid_pdrop=0.0,
@@ -95,6 +96,10 @@ def test_the_fused_head_follows_the_model_it_is_on():
     assert torch.equal(twin(input_ids=tokens, labels=tokens).loss, before)
     as_tuple = model(input_ids=tokens, labels=tokens, return_dict=False)
     assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], model(input_ids=tokens, labels=tokens).loss)
+    model.config.return_dict = False  # a tuple still, with the base's cache and hidden states
+    loss, cache, hidden = model(input_ids=tokens, labels=tokens, use_cache=True, output_hidden_states=True)
+    assert torch.equal(loss, as_tuple[0]) and cache is not None and len(hidden) == config.n_layer + 1
+    model.config.return_dict = True  # (the config the models below share)
 
     capped = transformers.GPT2LMHeadModel(config).double()
     capped.config.final_logit_softcapping = 3.0
