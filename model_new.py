@@ -4111,6 +4111,25 @@ def check_weight(weight, logits):
     return weight.contiguous()
 
 
+def check_no_weight_grad(weight):
+    """PyTorch's error where class weights require grad: no cross-entropy differentiates them."""
+    if weight is not None and weight.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError("the derivative for 'weight' is not implemented")
+
+
+def check_inplace_over(logits):
+    """PyTorch's refusal of an in-place write, for a gradient written over logits that are a leaf
+    requiring grad, or a view of one."""
+    if (logits if logits._base is None else logits._base).is_leaf:
+        raise RuntimeError("inplace=True would write the gradient over a leaf that requires grad (or a view of "
+                           "one), as PyTorch refuses in-place operations on them")
+
+
+def wide_dtype(dtype):
+    """The dtype sums and row statistics are kept in: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def check_targets_from_env():
     return os.environ.get("CROSS_ENTROPY_CHECK_TARGETS", "0") not in ("", "0")
 
@@ -4662,7 +4681,7 @@ def _launch_on_rows(family, x, rows, class_stride, **fields):
 
 def mean_divisor(targets, weight, ignore_index, dtype=torch.float32):
     """The mean's divisor for class indices (the rows counted, or their classes' weights summed in
-    `dtype`), a 0-dim tensor on the device. Its float32 sum of weights may differ from the forward's
+    `dtype`), a 0-dim tensor on the device. Its sum of weights may differ from the forward's
     exact one in the last bit; the gradient is that close to the loss's."""
     counted = targets.long() != ignore_index  # in 64 bits, as the kernels compare
     if weight is None:
@@ -4896,9 +4915,8 @@ def _kernels(input, target, options, check_targets, inplace):
         loss, state = compiled_loss(input, target, options, check_targets)
     else:
         inplace = bool(inplace) and input.requires_grad
-        if inplace and (input if input._base is None else input._base).is_leaf:
-            raise RuntimeError("inplace=True would write the gradient over a leaf that requires grad (or a view of "
-                               "one), as PyTorch refuses in-place operations on them")
+        if inplace:
+            check_inplace_over(input)
         if inplace and target.requires_grad:
             raise RuntimeError("inplace=True overwrites the logits, and the probability targets' gradient needs them")
         trained = called = None

@@ -74,6 +74,25 @@ def check_weight(weight, logits):
     return weight.contiguous()
 
 
+def check_no_weight_grad(weight):
+    """PyTorch's error where class weights require grad: no cross-entropy differentiates them."""
+    if weight is not None and weight.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError("the derivative for 'weight' is not implemented")
+
+
+def check_inplace_over(logits):
+    """PyTorch's refusal of an in-place write, for a gradient written over logits that are a leaf
+    requiring grad, or a view of one."""
+    if (logits if logits._base is None else logits._base).is_leaf:
+        raise RuntimeError("inplace=True would write the gradient over a leaf that requires grad (or a view of "
+                           "one), as PyTorch refuses in-place operations on them")
+
+
+def wide_dtype(dtype):
+    """The dtype sums and row statistics are kept in: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def check_targets_from_env():
     return os.environ.get("CROSS_ENTROPY_CHECK_TARGETS", "0") not in ("", "0")
 

@@ -26,7 +26,7 @@ from .api import kernels_take, routed_loss
 from .composite import composite_loss
 from .dispatch import train_forward
 from .gradient import cross_entropy_backward, mean_divisor
-from .inputs import Options, check_options, check_targets_from_env
+from .inputs import Options, check_no_weight_grad, check_options, check_targets_from_env, wide_dtype
 from .ops import OP_NAMESPACE
 
 CHUNK_BYTES = 1 << 30  # a chunk's logits at most, where the caller names no chunk_size ("Chunks")
@@ -113,17 +113,12 @@ def _logits(x, w, b):
     return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
 
 
-def _wide(dtype):
-    """The accumulators' dtype: float64 for float64, else float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def forward_chunks(x, w, b, t, options: Options, step: Step):
     """(loss, state, dx, dw, db) of x (N, D), w (V, D), b (V,) or None, targets t (N,): the loss as
     options ask; state every row's (m, s) where the step is not fused (else empty); where fused, the
     wanted gradients of the sum, unscaled, in float32 (float64 for float64 inputs), else empty."""
     rows, classes = x.shape[0], w.shape[0]
-    wide = _wide(x.dtype)
+    wide = wide_dtype(x.dtype)
     kernels = step.kernels
     sum_options = options._replace(reduction="sum", return_lse=False, float32_loss=True)
     row_options = options._replace(reduction="none", return_lse=False, float32_loss=True)
@@ -169,7 +164,7 @@ def backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options: Opti
     forward's accumulators (dx, dw, db) times grad over the mean's divisor, the ignored rows' dx 0;
     else each chunk's logits made again and their gradient from the rows' (m, s) (state)."""
     counted = t.long() != options.ignore_index
-    scale = grad.to(_wide(x.dtype))
+    scale = grad.to(wide_dtype(x.dtype))
     if options.reduction == "mean":
         scale = scale / mean_divisor(t, options.weight, options.ignore_index, scale.dtype)
     wanted = step.dx, step.dw, step.db
@@ -184,7 +179,7 @@ def backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options: Opti
     rows, kernels = x.shape[0], step.kernels
     row_options = options._replace(reduction="none", return_lse=False, float32_loss=True)
     per_row = scale if options.reduction == "none" else scale.expand(rows)
-    wide = _wide(x.dtype)
+    wide = wide_dtype(x.dtype)
     dx_out = torch.empty_like(x) if wanted[0] else None
     dw_acc = (torch.empty if rows else torch.zeros)(w.shape, dtype=wide, device=x.device) if wanted[1] else None
     db_acc = torch.zeros(w.shape[0], dtype=wide, device=x.device) if wanted[2] else None
@@ -247,7 +242,7 @@ backward_op = torch.library.custom_op(f"{OP_NAMESPACE}::linear_cross_entropy_bac
 @forward_op.register_fake
 def _forward_shapes(x, w, b, t, weight, *flat):
     options, step = _rebuilt(weight, *flat)
-    wide, rows = _wide(x.dtype), x.shape[0]
+    wide, rows = wide_dtype(x.dtype), x.shape[0]
     loss = x.new_empty((rows,) if options.reduction == "none" else (),
                        dtype=torch.float32 if options.float32_loss else x.dtype)
 
@@ -347,8 +342,7 @@ def linear_loss(input, linear_weight, target, linear_bias, options: Options, chu
     """linear_cross_entropy of checked options (inputs.Options; float32_loss: a float32 loss from
     16-bit operands, as crossent.hf asks), for every public entry."""
     _check_shapes(input, linear_weight, linear_bias, target)
-    if options.weight is not None and options.weight.requires_grad and torch.is_grad_enabled():
-        raise RuntimeError("the derivative for 'weight' is not implemented")  # PyTorch's, for class weights
+    check_no_weight_grad(options.weight)
     x, w, b, autocast = _autocast(input, linear_weight, linear_bias)
     if autocast and not options.float32_loss:  # (_replace only where needed: torch 2.4's compiler cannot trace it)
         options = options._replace(float32_loss=True)

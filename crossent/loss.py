@@ -9,7 +9,7 @@ import torch
 
 from .autograd import CrossEntropyFunction
 from .dispatch import call, forward, lse, node_forward
-from .inputs import Options, check_options, check_targets_from_env
+from .inputs import Options, check_inplace_over, check_options, check_targets_from_env
 from .ops import compiled_loss
 
 
@@ -50,9 +50,8 @@ def _kernels(input, target, options, check_targets, inplace):
         loss, state = compiled_loss(input, target, options, check_targets)
     else:
         inplace = bool(inplace) and input.requires_grad
-        if inplace and (input if input._base is None else input._base).is_leaf:
-            raise RuntimeError("inplace=True would write the gradient over a leaf that requires grad (or a view of "
-                               "one), as PyTorch refuses in-place operations on them")
+        if inplace:
+            check_inplace_over(input)
         if inplace and target.requires_grad:
             raise RuntimeError("inplace=True overwrites the logits, and the probability targets' gradient needs them")
         trained = called = None

@@ -25,7 +25,8 @@ from typing import NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from .inputs import Options, check_options, check_targets_from_env, first_bad_target
+from .inputs import (check_inplace_over, check_no_weight_grad, check_options, check_targets_from_env, first_bad_target,
+                     wide_dtype)
 
 ROW_CHUNK_BYTES = 64 << 20  # the float32 temporaries of a chunk of rows at most
 # torch 2.13 renamed the gather into one tensor; the old name warns there (neither: a torch without
@@ -40,13 +41,9 @@ class Slice(NamedTuple):
     group: object    # the process group (None: the default one)
 
 
-def _wide(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _capped(x, softcap):
     """The logits as the loss reads them, in float32 (float64 for float64)."""
-    y = x.to(_wide(x.dtype))
+    y = x.to(wide_dtype(x.dtype))
     return softcap * torch.tanh(y / softcap) if softcap else y
 
 
@@ -80,7 +77,7 @@ def _row_terms(t, cols, shard, options, dtype):
 
 def _local_stats(x, shard, options, rows):
     """(m, s, u) of every row over this rank's classes, rows x 3."""
-    dtype = _wide(x.dtype)
+    dtype = wide_dtype(x.dtype)
     n, cols = x.shape
     eps = options.label_smoothing
     stats = torch.empty((n, 3), dtype=dtype, device=x.device)
@@ -118,7 +115,7 @@ def _merge(gathered):
 def _gradient(x, lse, per_row, per_row_lse, shard, options, rows, out):
     """d loss / d x over this rank's classes into `out` (x itself where in place): per_row, each
     row's incoming gradient of its loss (0 where ignored); per_row_lse, of its lse (or None)."""
-    dtype = _wide(x.dtype)
+    dtype = wide_dtype(x.dtype)
     eps, z, softcap = options.label_smoothing, options.z_loss, options.softcap
     n, cols = x.shape
     w_slice = None if options.weight is None else options.weight[shard.start:shard.start + cols].to(dtype)
@@ -158,7 +155,7 @@ class VocabParallelFunction(torch.autograd.Function):
     """The loss and every row's lse of a rank's slice, with their gradient. forward takes ctx itself."""
     @staticmethod
     def forward(ctx, x, t, shard, options, inplace):
-        dtype = _wide(x.dtype)
+        dtype = wide_dtype(x.dtype)
         n, cols = x.shape
         rows = _row_terms(t, cols, shard, options, dtype)
         stats = _local_stats(x, shard, options, rows)
@@ -263,17 +260,14 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, voc
         raise RuntimeError(f"classes [{shard.start}, {shard.start + cols}) are not within the {shard.vocab} classes")
     if weight is not None and tuple(weight.shape) != (shard.vocab,):
         raise RuntimeError(f"weight must hold all {shard.vocab} classes' weights; got shape {tuple(weight.shape)}")
-    if weight is not None and weight.requires_grad and torch.is_grad_enabled():
-        raise RuntimeError("the derivative for 'weight' is not implemented")  # PyTorch's, for class weights
+    check_no_weight_grad(weight)
     if check_targets_from_env():  # every rank holds every target: each raises alike, before the gather
         first_bad_target(target, shard.vocab, options.ignore_index)
     if torch.is_autocast_enabled(logits.device.type) and logits.dtype in (torch.float16, torch.bfloat16):
         options = options._replace(float32_loss=True)
     x = logits.reshape(math.prod(logits.shape[:-1]), cols)
     if inplace and logits.requires_grad and torch.is_grad_enabled():
-        if (logits if logits._base is None else logits._base).is_leaf:
-            raise RuntimeError("inplace=True would write the gradient over a leaf that requires grad (or a view of "
-                               "one), as PyTorch refuses in-place operations on them")
+        check_inplace_over(logits)
         if x.data_ptr() != logits.data_ptr() or not x.is_contiguous():
             raise RuntimeError("inplace=True writes the gradient over the logits: give them contiguous")
     sample_shape = target.shape
