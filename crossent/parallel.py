@@ -237,15 +237,19 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, voc
     all-gather of 3 numbers a row in the forward (float32; float64 for float64 logits), none in the
     backward; the gradient is this rank's slice's, in the logits' dtype; inplace=True writes it over
     the logits in the forward (as cross_entropy's inplace; the lse's gradient then cannot pass).
-    Returns the loss (and with return_lse every row's lse, in float32), reduction "none"'s in the
-    targets' shape."""
+    Returns the loss (and with return_lse every row's lse, in float32; float64 for float64 logits),
+    reduction "none"'s in the targets' shape. A DTensor target must be replicated (no gather)."""
     options = check_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
     if hasattr(logits, "device_mesh"):  # a DTensor
         if inplace:
             raise RuntimeError("inplace=True writes over the logits' storage, which a DTensor's local shard shares "
                                "with it: give this rank's slice as a tensor, or leave inplace off")
         logits, shard = _dtensor_slice(logits)
-        target = target.full_tensor() if hasattr(target, "device_mesh") else target
+        if hasattr(target, "device_mesh"):
+            if not all(p.is_replicate() for p in target.placements):
+                raise RuntimeError(f"a DTensor target must be replicated, the same on every rank; got placements "
+                                   f"{target.placements}: gather it first")
+            target = target.to_local()
     else:
         if vocab_start is None or vocab_size is None:
             raise TypeError("vocab_parallel_cross_entropy needs vocab_start and vocab_size with a tensor of logits")

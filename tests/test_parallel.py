@@ -147,7 +147,7 @@ def _case_dtensor(rank, world, device):
     """A DTensor sharded on the classes (torch.chunk's uneven shares of 11 over 2) gives the loss of the
     full logits, and its gradient the full logits' gradient, sharded."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     mesh = init_device_mesh(device.split(":")[0], (world,))
     full, t = _problem(9, 11, torch.float64, device)
     logits = distribute_tensor(full, mesh, [Shard(1)]).requires_grad_()
@@ -160,6 +160,10 @@ def _case_dtensor(rank, world, device):
     torch.testing.assert_close(logits.grad.full_tensor(), ref.grad, rtol=1e-12, atol=1e-15)
     with pytest.raises(RuntimeError, match="DTensor"):
         vocab_parallel_cross_entropy(logits * 1, t, inplace=True)
+    replicated = distribute_tensor(t, mesh, [Replicate()])  # a DTensor target: as its local tensor
+    assert torch.equal(vocab_parallel_cross_entropy(logits, replicated, label_smoothing=0.1), loss)
+    with pytest.raises(RuntimeError, match="replicated"):
+        vocab_parallel_cross_entropy(logits, distribute_tensor(t, mesh, [Shard(0)]))
 
 
 def _case_no_rows_and_mistakes(rank, world, device):
