@@ -81,7 +81,7 @@ def _launch_on_rows(family, x, rows, class_stride, **fields):
 
 def mean_divisor(targets, weight, ignore_index, dtype=torch.float32):
     """The mean's divisor for class indices (the rows counted, or their classes' weights summed in
-    `dtype`), a 0-dim tensor on the device. Its float32 sum of weights may differ from the forward's
+    `dtype`), a 0-dim tensor on the device. Its sum of weights may differ from the forward's
     exact one in the last bit; the gradient is that close to the loss's."""
     counted = targets.long() != ignore_index  # in 64 bits, as the kernels compare
     if weight is None:

@@ -320,14 +320,15 @@ def linear_cross_entropy(input: torch.Tensor, linear_weight: torch.Tensor, targe
                          ignore_index: Optional[int] = -100, reduction: str = "mean", label_smoothing: float = 0.0,
                          z_loss: float = 0.0, softcap: Optional[float] = None, return_lse: bool = False,
                          chunk_size: Optional[int] = None):
-    """cross_entropy(F.linear(input, linear_weight, linear_bias), target, ...) with the logits a chunk
-    of rows at a time, never all at once: input (..., D), linear_weight (V, D), linear_bias (V,) or
-    None, target (...) class indices; weight (class weights, V) and every other option as
+    """cross_entropy of the rows of F.linear(input, linear_weight, linear_bias), the classes last (for
+    input (N, D), cross_entropy(F.linear(...), target, ...)), with the logits a chunk of rows at a
+    time, never all at once: input (..., D), linear_weight (V, D), linear_bias (V,) or None, target
+    (...) class indices; weight (class weights, V) and every other option as
     cross_entropy takes them (see there). The loss, the lse and the gradients of input, linear_weight
     and linear_bias are cross_entropy's of the linear layer's logits, to rounding: the weight's and
     the bias's summed over the chunks in float32 and rounded once (16-bit operands on the CPU, or
-    with torch before 2.8: each chunk's product rounded to their dtype first). PyTorch's names and argument
-    order (F.linear_cross_entropy in torch 2.13 and later).
+    with torch before 2.8: each chunk's product rounded to their dtype first). PyTorch's names
+    (F.linear_cross_entropy in torch 2.13 and later).
     chunk_size: rows per chunk; None: as many as keep a chunk's logits within CHUNK_BYTES (1 GiB).
     With reduction "mean" or "sum" and no lse returned, the gradients are computed in the forward
     (three matmuls); with reduction "none" or return_lse, the backward makes the logits again
