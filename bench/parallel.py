@@ -95,6 +95,8 @@ def main(argv=None):
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    if any(vocab % dist.get_world_size() for _, vocab in shapes):
+        ap.error(f"each V must split evenly over the {dist.get_world_size()} ranks: {shapes}")
     rows = []
     for n, vocab in shapes:
         rows += shape_rows(n, vocab, args.trials)
