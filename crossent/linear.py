@@ -351,26 +351,23 @@ def linear_loss(input, linear_weight, target, linear_bias, options: Options, chu
     sample_shape = target.shape
     if input.dim() == 1:  # one row, whose logits are the chunk
         return routed_loss(F.linear(input, linear_weight, linear_bias), target, options)
+    reduction, return_lse = options.reduction, options.return_lse
+    x, t = x.flatten(0, -2), target.reshape(-1)
     if torch.compiler.is_compiling() and not kernels:
         # A compiled call the kernels do not take, traced unchunked: torch.func.vjp, the composition's
-        # gradient, does not run inside a compiled graph's operator. The rows flat, the classes last.
-        logits = F.linear(input.flatten(0, -2), linear_weight, linear_bias)
-        out = routed_loss(logits, target.reshape(-1), options)
-        if not options.return_lse:
-            return out.reshape(sample_shape) if options.reduction == "none" else out
-        return (out[0].reshape(sample_shape) if options.reduction == "none" else out[0]), out[1].reshape(sample_shape)
-    reduction, return_lse = options.reduction, options.return_lse  # the operators take no return_lse: _flat
-    x, t = x.flatten(0, -2), target.reshape(-1)
-    chunk = chunk_rows(x.shape[0], w.shape[0], x.element_size(), chunk_size)
-    needs = [torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x, w, b)]
-    fused = any(needs) and reduction != "none" and not return_lse
-    step = Step(fused, *needs, chunk, check_targets_from_env(), kernels)
-    loss, state, *_ = forward_op(x, w, b, t, options.weight, *_flat(options, step))
+        # gradient, does not run inside a compiled graph's operator.
+        out = routed_loss(F.linear(input.flatten(0, -2), linear_weight, linear_bias), t, options)
+        loss, lse = out if return_lse else (out, None)
+    else:  # the operators take no return_lse (_flat): the lse is m + log s of the rows' state
+        chunk = chunk_rows(x.shape[0], w.shape[0], x.element_size(), chunk_size)
+        needs = [torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x, w, b)]
+        fused = any(needs) and reduction != "none" and not return_lse
+        step = Step(fused, *needs, chunk, check_targets_from_env(), kernels)
+        loss, state, *_ = forward_op(x, w, b, t, options.weight, *_flat(options, step))
+        lse = state[:, 0] + state[:, 1].detach().log() if return_lse else None
     if reduction == "none":
         loss = loss.reshape(sample_shape)
-    if not return_lse:
-        return loss
-    return loss, (state[:, 0] + state[:, 1].detach().log()).reshape(sample_shape)
+    return (loss, lse.reshape(sample_shape)) if return_lse else loss
 
 
 class LinearCrossEntropyLoss(torch.nn.Module):
