@@ -148,8 +148,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     result = run(args.steps)
     for name, r in result["runs"].items():
-        print(f"{name:12s} first {r['losses'][0]:.4f} last {r['losses'][-1]:.4f} distance "
-              f"{r['distance']:.2e} gradient error {r['gradient_error']:.2e} peak {r['peak_bytes'] / 2**20:.0f} MiB step {r['step_ms']:.2f} ms")
+        print(f"{name:12s} first {r['losses'][0]:.4f} last {r['losses'][-1]:.4f} distance {r['distance']:.2e} "
+              f"gradient error {r['gradient_error']:.2e} peak {r['peak_bytes'] / 2**20:.0f} MiB "
+              f"step {r['step_ms']:.2f} ms")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
