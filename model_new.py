@@ -4655,6 +4655,17 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
     return dx, None if dq is None else dq.to(target_dtype)
 
 
+def unit_gradient_over(logits, targets, loss, state, options, written):
+    """The gradient for an incoming 1 of each loss, over the logits: the fused launch's (written,
+    dispatch.Written), or where it wrote none, the gradient family's from the rows' (m, s), written
+    there now."""
+    if written is not None:
+        return written
+    ones = torch.ones(loss.shape, dtype=torch.float32, device=logits.device)
+    dx, _ = cross_entropy_backward(ones, None, logits, targets, state, options, into=logits)
+    return Written(dx, None)
+
+
 def scale_in_place(dx, grad, reduction):
     """The gradient written over the logits (inplace) for an incoming 1, times the incoming `grad` on
     the device: every row where one grad serves them all and it is not 1, else each row whose own is
@@ -4754,10 +4765,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         fuse = ctx.needs_input_grad[0] and not ctx.needs_input_grad[1]
         loss, state, written = train_forward(input, target, options, check_targets, fuse, inplace, called)
         if inplace:
-            if written is None:
-                ones = torch.ones(loss.shape, dtype=torch.float32, device=input.device)
-                dx, _ = cross_entropy_backward(ones, None, input, target, state, options, into=input)
-                written = Written(dx, None)
+            written = unit_gradient_over(input, target, loss, state, options, written)
             torch.autograd.graph.increment_version(input)
         save_for_gradient(ctx, input, target, state, options, inplace)
         ctx.written = written

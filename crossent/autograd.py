@@ -10,8 +10,8 @@ whose autograd is input_gradients too. (A custom operator's eager dispatch costs
 times an autograd.Function's: pytorch/pytorch#176592.)"""
 import torch
 
-from .dispatch import Written, train_forward
-from .gradient import cross_entropy_backward, scale_in_place
+from .dispatch import train_forward
+from .gradient import cross_entropy_backward, scale_in_place, unit_gradient_over
 
 
 def save_for_gradient(ctx, input, target, state, options, inplace=False):
@@ -65,10 +65,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         fuse = ctx.needs_input_grad[0] and not ctx.needs_input_grad[1]
         loss, state, written = train_forward(input, target, options, check_targets, fuse, inplace, called)
         if inplace:
-            if written is None:
-                ones = torch.ones(loss.shape, dtype=torch.float32, device=input.device)
-                dx, _ = cross_entropy_backward(ones, None, input, target, state, options, into=input)
-                written = Written(dx, None)
+            written = unit_gradient_over(input, target, loss, state, options, written)
             torch.autograd.graph.increment_version(input)
         save_for_gradient(ctx, input, target, state, options, inplace)
         ctx.written = written

@@ -8,7 +8,7 @@ import torch
 
 from .build import device_gpu, options_extension
 from .constants import CLASS_INDICES, DTYPE_CODES, GRADIENT, REDUCTIONS, SCALE
-from .dispatch import current_stream, empty_gradient
+from .dispatch import Written, current_stream, empty_gradient
 from .inputs import as_rows
 from .params import NO_PARAMS, PARAMS_STRUCT
 from .policy import gradient_plan
@@ -53,6 +53,17 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
         weight_total=0 if weight_total is None else weight_total.data_ptr(),
         grad_probs=0 if dq is None else dq.data_ptr(), grad_in=grad_in.data_ptr() if written else 0)
     return dx, None if dq is None else dq.to(target_dtype)
+
+
+def unit_gradient_over(logits, targets, loss, state, options, written):
+    """The gradient for an incoming 1 of each loss, over the logits: the fused launch's (written,
+    dispatch.Written), or where it wrote none, the gradient family's from the rows' (m, s), written
+    there now."""
+    if written is not None:
+        return written
+    ones = torch.ones(loss.shape, dtype=torch.float32, device=logits.device)
+    dx, _ = cross_entropy_backward(ones, None, logits, targets, state, options, into=logits)
+    return Written(dx, None)
 
 
 def scale_in_place(dx, grad, reduction):

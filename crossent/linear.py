@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from .api import kernels_take, routed_loss
 from .composite import composite_loss
 from .dispatch import train_forward
-from .gradient import cross_entropy_backward, mean_divisor
+from .gradient import cross_entropy_backward, mean_divisor, unit_gradient_over
 from .inputs import Options, check_no_weight_grad, check_options, check_targets_from_env, wide_dtype
 from .ops import OP_NAMESPACE
 
@@ -65,9 +65,7 @@ def _loss_and_gradient(z, t, sum_options, kernels, check_targets):
     """The chunk's loss (the sum), and its gradient for an incoming 1 written over z."""
     if kernels:
         loss, state, written = train_forward(z, t, sum_options, check_targets, fuse=True, inplace=True)
-        if written is None:  # the gradient family, from the rows' (m, s)
-            one = torch.ones((), dtype=torch.float32, device=z.device)
-            cross_entropy_backward(one, None, z, t, state, sum_options, into=z)
+        unit_gradient_over(z, t, loss, state, sum_options, written)
         return loss
     loss, gradient_of = torch.func.vjp(lambda logits: composite_loss(logits, t, sum_options), z)
     z.copy_(gradient_of(torch.ones_like(loss))[0])
