@@ -6,7 +6,7 @@ ModelNew never does."""
 import torch
 import torch.nn.functional as F
 
-from .inputs import samples_shape
+from .inputs import samples_shape, wide_dtype
 
 
 def composite_loss(input, target, options):
@@ -26,7 +26,7 @@ def composite_loss(input, target, options):
                   label_smoothing=options.label_smoothing)
     if not (options.z_loss or options.return_lse):
         return F.cross_entropy(x, target, reduction=options.reduction, **kwargs)
-    lse = torch.logsumexp(x if x.dtype == torch.float64 else x.float(), dim=1 if x.dim() > 1 else 0)
+    lse = torch.logsumexp(x.to(wide_dtype(x.dtype)), dim=1 if x.dim() > 1 else 0)
     per_row = F.cross_entropy(x, target, reduction="none", **kwargs)
     probs = target.is_floating_point()
     counted = torch.ones_like(lse, dtype=torch.bool) if probs else target != options.ignore_index
