@@ -111,24 +111,29 @@ def _logits(x, w, b):
     return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
 
 
+def _made_shapes(x, w, step: Step):
+    """The shapes of forward_op's state, dx, dw and db: (0,) where the step does not make one."""
+    fused = step.fused
+    wanted = (not fused, fused and step.dx, fused and step.dw, fused and step.db)
+    return [shape if made else (0,) for made, shape in zip(wanted, ((x.shape[0], 2), x.shape, w.shape, w.shape[:1]))]
+
+
 def forward_chunks(x, w, b, t, options: Options, step: Step):
     """(loss, state, dx, dw, db) of x (N, D), w (V, D), b (V,) or None, targets t (N,): the loss as
     options ask; state every row's (m, s) where the step is not fused (else empty); where fused, the
     wanted gradients of the sum, unscaled, in float32 (float64 for float64 inputs), else empty."""
-    rows, classes = x.shape[0], w.shape[0]
+    rows = x.shape[0]
     wide = wide_dtype(x.dtype)
     kernels = step.kernels
     sum_options = options._replace(reduction="sum", return_lse=False, float32_loss=True)
     row_options = options._replace(reduction="none", return_lse=False, float32_loss=True)
-    def buffer(wanted, shape, fill=torch.empty):  # an empty tensor where not wanted: a result of the operator
-        return fill(shape if wanted else 0, dtype=wide, device=x.device)
-
+    state_shape, dx_shape, dw_shape, db_shape = _made_shapes(x, w, step)
     total = torch.zeros((), dtype=wide, device=x.device)
-    losses, state = buffer(not step.fused, rows), buffer(not step.fused, (rows, 2))
-    dx = buffer(step.fused and step.dx, x.shape)
+    losses = torch.empty(0 if step.fused else rows, dtype=wide, device=x.device)
+    state, dx = (torch.empty(shape, dtype=wide, device=x.device) for shape in (state_shape, dx_shape))
     # The first chunk writes dw (and db adds to zeros); with no rows, none does.
-    dw = buffer(step.fused and step.dw, w.shape, torch.empty if rows else torch.zeros)
-    db = buffer(step.fused and step.db, classes, torch.zeros)
+    dw = (torch.empty if rows else torch.zeros)(dw_shape, dtype=wide, device=x.device)
+    db = torch.zeros(db_shape, dtype=wide, device=x.device)
     for start in range(0, rows, step.chunk):
         end = min(rows, start + step.chunk)
         xc, tc = x[start:end], t[start:end]
@@ -240,16 +245,9 @@ backward_op = torch.library.custom_op(f"{OP_NAMESPACE}::linear_cross_entropy_bac
 @forward_op.register_fake
 def _forward_shapes(x, w, b, t, weight, *flat):
     options, step = _rebuilt(weight, *flat)
-    wide, rows = wide_dtype(x.dtype), x.shape[0]
-    loss = x.new_empty((rows,) if options.reduction == "none" else (),
+    loss = x.new_empty((x.shape[0],) if options.reduction == "none" else (),
                        dtype=torch.float32 if options.float32_loss else x.dtype)
-
-    def buffer(wanted, shape):
-        return x.new_empty(shape if wanted else 0, dtype=wide)
-
-    fused = step.fused
-    return (loss, buffer(not fused, (rows, 2)), buffer(fused and step.dx, x.shape), buffer(fused and step.dw, w.shape),
-            buffer(fused and step.db, w.shape[:1]))
+    return (loss, *(x.new_empty(shape, dtype=wide_dtype(x.dtype)) for shape in _made_shapes(x, w, step)))
 
 
 @backward_op.register_fake
