@@ -81,8 +81,6 @@ def shape_rows(n, vocab, trials):
             print(f"  {n} x {vocab} over {world} {r['impl']:10s} " + " ".join(f"{v:8.3f}" for v in r["median_ms"]) +
                   (f"  {max(a / b for a, b in zip(r['median_ms'], floor)):.2f}x copy + all-gather"
                    if r["impl"] == "crossent" else ""), flush=True)
-    del x, y, pieces
-    torch.cuda.empty_cache()
     return rows
 
 
