@@ -92,15 +92,16 @@ def _put_head_in_loss(model, chunk_size):
     if head._forward_hooks or head._forward_pre_hooks or hasattr(head, "_hf_hook"):
         raise RuntimeError(f"{type(model).__name__}'s head has hooks (accelerate's device map, FSDP), which the fused "
                            f"loss would pass by, reading its weight directly: use_crossent(model) without head=True")
-    _logit_cap(model)
-    model.forward = types.MethodType(functools.partial(_forward_with_head_in_loss, chunk_size=chunk_size), model)
+    forward = functools.partial(_forward_with_head_in_loss, chunk_size=chunk_size, softcap=_logit_cap(model))
+    model.forward = types.MethodType(forward, model)
 
 
 def _forward_with_head_in_loss(model, input_ids=None, *args, labels=None, num_items_in_batch=None, shift_labels=None,
-                               chunk_size=None, **kwargs):
+                               chunk_size=None, softcap=None, **kwargs):
     """The model's forward where it has labels (and no further positional arguments): its base, then the
-    loss of its head's logits by linear_cross_entropy; a method of the model, so that a copy of the
-    model (copy.deepcopy) computes with its own weights."""
+    loss of its head's logits by linear_cross_entropy (softcap: the config's cap, read once by
+    _put_head_in_loss); a method of the model, so that a copy of the model (copy.deepcopy) computes
+    with its own weights."""
     if labels is None or args:  # the model's own, given only what its caller gave (older forwards take neither)
         given = {"num_items_in_batch": num_items_in_batch, "shift_labels": shift_labels}
         kwargs.update({k: v for k, v in given.items() if v is not None})
@@ -112,7 +113,7 @@ def _forward_with_head_in_loss(model, input_ids=None, *args, labels=None, num_it
                                **{k: v for k, v in kwargs.items() if k not in _MODEL_ONLY})
     hidden = outputs[0]
     reduction = "mean" if num_items_in_batch is None else "sum"
-    options = check_options(reduction=reduction, softcap=_logit_cap(model))._replace(float32_loss=True)
+    options = check_options(reduction=reduction, softcap=softcap)._replace(float32_loss=True)
     targets = _shifted(labels, -100, shift_labels).to(hidden.device)
     loss = _over_items(linear_loss(hidden, head.weight, targets, head.bias, options, chunk_size), num_items_in_batch)
     result = CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=getattr(outputs, "past_key_values", None),

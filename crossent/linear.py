@@ -343,10 +343,10 @@ def linear_loss(input, linear_weight, target, linear_bias, options: Options, chu
     x, w, b, autocast = _autocast(input, linear_weight, linear_bias)
     if autocast and not options.float32_loss:  # (_replace only where needed: torch 2.4's compiler cannot trace it)
         options = options._replace(float32_loss=True)
-    kernels = kernels_take(x.new_empty((0, w.shape[0])), target, options)  # as each chunk's logits will be
-    sample_shape = target.shape
     if input.dim() == 1:  # one row, whose logits are the chunk
         return routed_loss(F.linear(input, linear_weight, linear_bias), target, options)
+    kernels = kernels_take(x.new_empty((0, w.shape[0])), target, options)  # as each chunk's logits will be
+    sample_shape = target.shape
     reduction, return_lse = options.reduction, options.return_lse
     x, t = x.flatten(0, -2), target.reshape(-1)
     if torch.compiler.is_compiling() and not kernels:
