@@ -52,20 +52,23 @@ TIMING_SHAPES = [(32768, 4096), (4096, 32000), (8192, 50257), (8192, 128256), (1
 
 
 def load_version(path, tag):
-    """model_new.py at `path` as a module of its own, its extension built under a name of its own."""
-    original = cpp_extension.load_inline
+    """model_new.py at `path` as a module of its own, its extensions built under names of their own: the
+    bundle imports load_inline and _get_build_directory by name as it runs, so the tagged ones it takes
+    then serve its build at import and its later (options) build alike."""
+    load_inline, build_directory = cpp_extension.load_inline, cpp_extension._get_build_directory
 
-    @functools.wraps(original)
+    @functools.wraps(load_inline)
     def tagged(*args, name, **kwargs):
-        return original(*args, name=f"{name}_{tag}", **kwargs)
+        return load_inline(*args, name=f"{name}_{tag}", **kwargs)
 
     cpp_extension.load_inline = tagged
+    cpp_extension._get_build_directory = lambda name, verbose: build_directory(f"{name}_{tag}", verbose)
     spec = importlib.util.spec_from_file_location(f"model_new_{tag}", path)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    finally:  # a version that fails to build leaves load_inline as it was
-        cpp_extension.load_inline = original
+    finally:  # a version that fails to build leaves cpp_extension as it was
+        cpp_extension.load_inline, cpp_extension._get_build_directory = load_inline, build_directory
     module.policy_evict_first = module._evict_first
     return module
 
