@@ -82,7 +82,7 @@ def test_options_pytorch_rejects_raise_before_any_launch():
         with pytest.raises(ValueError, match="softcap must be None or a positive number"):
             crossent.ModelNew(softcap=cap)
     for name, value in [("z_loss", "0.1"), ("z_loss", True), ("softcap", "30"), ("softcap", True),
-                        ("label_smoothing", "0.1")]:
+                        ("label_smoothing", "0.1"), ("z_loss", [0.1])]:  # unhashable too
         with pytest.raises(TypeError, match=f"{name} must be a number"):
             crossent.ModelNew(**{name: value})
     with pytest.raises(RuntimeError, match="label_smoothing must be between 0.0 and 1.0"):
