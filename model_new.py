@@ -1698,6 +1698,11 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     const float x_edge = edge >= 0 ? load_scalar<L>(x_row + edge) : -INFINITY;  // as loaded: the gradient caps it
     float x_t = 0.f;
     if (leader && code >= 0) x_t = logit<L>(p, load_scalar<L>(x_row + code));
+    // The lane whose vectors hold the target, and the target's logit as loaded (the gradient's fix-up).
+    const int t_off = int(code) - cut.head;
+    const bool owner = code >= 0 && unsigned(t_off) < unsigned(cut.nvec * L::kPerVec) &&
+                       ((t_off / L::kPerVec) & (group - 1)) == lane;
+    const float x_own = owner ? L::value(x_row[code]) : 0.f;  // not __ldg's: this thread's store to it follows
     // The claim, into each CTA's shared memory, there after group_share's wait. Sent behind the row's
     // loads: it waits for the claim's atomic, and nothing of the leader's may pass it.
     if (kClustered && leader)
@@ -1741,44 +1746,42 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     float loss = 0.f, weight = 0.f;
     if (live && leader) count_row(code, row_outcome<L>(p, row, code, st, x_t, w_t, gap), w_t, loss, weight, ignored);
 
-    // The gradient, from the registers (the gradient kernel's factors, with g and l as above).
+    // The gradient, from the registers (the gradient kernel's factors, with g and l as above). Every
+    // vector's elements are written as classes other than the target (other_class_gradient's one FMA
+    // where no class weight is read); the lane whose vector holds the target then writes that element
+    // again, from x_own (loaded with the row: in place, the vector's store overwrites it): one store
+    // more a row, where a test in every vector cost its selects.
     // g and the weights' sum, loaded again for each row (from L1): held across the loop, one spilled.
     const float g = p.grad_out ? __ldg(static_cast<const float*>(p.grad_out)) : 1.f;  // the divisor kernel's
     const float all_weights = class_weights ? __ldg(p.weight_total) : float(p.cols);
     const RowGradient r = class_row_gradient(p, make_float2(st.m, st.s), code, w_t, g, 0.f, all_weights, class_weights);
     uint4* dx_vecs = reinterpret_cast<uint4*>(dx_row + cut.head);
-    // The target's element is computed again, as the target, in the vector that holds it: one test a
-    // vector, not one an element (not where soft-capped: the cap's registers and the fix-up's spilled).
-    constexpr bool kTargetPerVector = !kSoftCapped<L>;
-    auto write_gradient = [&](auto weight) {
-      float unused;
+    auto store_vectors = [&](auto dx_of) {
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {
         const int v = lane + u * group;
         if (v < cut.nvec) {
-          const int col = cut.head + v * L::kPerVec;
           float dx[L::kPerVec];
 #pragma unroll
-          for (int i = 0; i < L::kPerVec; ++i)
-            dx[i] = element_gradient<L, false>(p, r, L::at(xb[u], i), weight(col + i), 0.f,
-                                               !kTargetPerVector && col + i == r.target, unused);
-          const int t_elem = r.target - col;
-          if (kTargetPerVector && unsigned(t_elem) < unsigned(L::kPerVec)) {
-            float x = 0.f;  // by selects: L::at with the run-time index spilled the bf16 instance
-#pragma unroll
-            for (int i = 0; i < L::kPerVec; ++i) x = i == t_elem ? L::at(xb[u], i) : x;
-            const float d = element_gradient<L, false>(p, r, x, weight(r.target), 0.f, true, unused);
-#pragma unroll
-            for (int i = 0; i < L::kPerVec; ++i) dx[i] = i == t_elem ? d : dx[i];
-          }
+          for (int i = 0; i < L::kPerVec; ++i) dx[i] = dx_of(L::at(xb[u], i), cut.head + v * L::kPerVec + i);
           dx_vecs[v] = vector_of<L>(dx);
         }
       }
-      if (edge >= 0)
-        L::store(dx_row + edge, element_gradient<L, false>(p, r, x_edge, weight(edge), 0.f, edge == r.target, unused));
     };
-    if (weightless) write_gradient(no_weight);
-    else write_gradient(weight_of);
+    float unused;
+    if (weightless && !r.zero) {
+      store_vectors([&](float x, int) { return other_class_gradient(r, x); });
+    } else {
+      store_vectors([&](float x, int col) {
+        return element_gradient<L, false>(p, r, x, weight_of(col), 0.f, false, unused);
+      });
+    }
+    if (owner) L::store(dx_row + code, element_gradient<L, false>(p, r, x_own, w_t, 0.f, true, unused));
+    if (edge >= 0)
+      L::store(dx_row + edge, weightless && !r.zero && edge != r.target
+                                  ? other_class_gradient(r, x_edge)
+                                  : element_gradient<L, false>(p, r, x_edge, weight_of(edge), 0.f, edge == r.target,
+                                                               unused));
     end_chunk(p, true, loss, weight, group, warp_sums[parity], claims, kClustered ? 0u : claim, &claimed[parity]);
     claims.advance(kClustered ? &cluster_claimed[parity] : &claimed[parity]);
   }
@@ -1938,6 +1941,7 @@ struct RowGradient {
   float m, a, l, g, b_t, lse;
   int target;
   bool zero;
+  float scale, shift;  // other_class_gradient's: g a + l and g eps / C
 };
 // From the row's (m, s), g (0 where it does not count, NaN for a bad target), l, a and b_t; z-loss
 // adds its 2 z g lse to l where the row counts.
@@ -1945,7 +1949,8 @@ __device__ __forceinline__ RowGradient row_gradient(const Params& p, float2 stat
                                                     int target, bool counts) {
   const float lse = state.x + logf(state.y), inv_s = __frcp_rn(state.y);
   if (counts && p.z_loss != 0.f) l = fmaf(2.f * p.z_loss * g, lse, l);
-  return {state.x, a * inv_s, l * inv_s, g, b_t, lse, target, !counts && l == 0.f};
+  return {state.x, a * inv_s, l * inv_s, g, b_t, lse, target, !counts && l == 0.f,
+          fmaf(g, a * inv_s, l * inv_s), g * p.smoothing_per_class};
 }
 // A class-index row's: code its target's (target_code's), w_t its class weight, all_weights the
 // classes' weights' sum (C without), class_weights whether b_j reads w_j. (Unused where the build has
@@ -1973,6 +1978,15 @@ __device__ __forceinline__ float element_gradient(const Params& p, const RowGrad
   const float b = kProbs ? class_share<true>(p, w, q) : target ? r.b_t : p.smoothing_per_class * w;
   if constexpr (kProbs) dq = r.g * (1.f - p.label_smoothing) * w * (r.lse - y);
   return r.zero ? 0.f : fmaf(r.g, fmaf(r.a, e, -b), r.l * e) * slope;
+}
+
+// dx_j of a class other than the target where b_j holds no class weight (b_j = eps / C: class indices,
+// and no class weights with label smoothing) and the logits are not capped: (g a + l) e_j - g eps / C in
+// one FMA, where element_gradient takes four and the target's test. Both kernels write every such
+// element so, in vectors or one by one, and the target's by element_gradient: the same bits from either.
+// Not for a row whose gradient is 0 throughout (r.zero): its exps may be NaN.
+__device__ __forceinline__ float other_class_gradient(const RowGradient& r, float x) {
+  return fmaf(exp2_approx((x - r.m) * kLog2e), r.scale, -r.shift);
 }
 
 template <class L, class P, bool kStrided>
@@ -2047,6 +2061,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
     }
 
     // Element by element: the edges around the vectors, or the whole row.
+    const bool plain = !kProbs && !kSoftCapped<L> && !class_weights && !r.zero;  // other_class_gradient's rows
     const int nedge = len - cut.nvec * L::kPerVec;
     for (int k0 = lane; k0 < nedge; k0 += kElems * group) {
       float x[kElems], q[kElems];
@@ -2062,37 +2077,52 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
         if (k0 + u * group >= nedge) break;
         const int j = edge_element<L>(cut, k0 + u * group);
         float dq = 0.f;
-        const float dx = element_gradient<L, kProbs>(p, r, x[u], class_weights ? weight_at<L>(p, j) : 1.f, q[u],
-                                                     j == r.target, dq);
+        const float dx = plain && j != r.target ? other_class_gradient(r, x[u])
+                         : element_gradient<L, kProbs>(p, r, x[u], class_weights ? weight_at<L>(p, j) : 1.f, q[u],
+                                                       j == r.target, dq);
         L::store(dx_row + j * stride, dx);
         if (kProbs && p.grad_probs) PF::store(dq_row + j * stride, dq);
       }
     }
     if constexpr (kVectors) {
+      // Where other_class_gradient writes the vectors, the lane whose vector holds the target writes
+      // that element again after them, from its logit loaded now (in place, the vector overwrites it).
+      const int t_off = r.target - cut.head;
+      const bool owner = plain && r.target >= 0 && unsigned(t_off) < unsigned(cut.nvec * L::kPerVec) &&
+                         ((t_off / L::kPerVec) & (group - 1)) == lane;
+      const float x_own = owner ? L::value(x_row[r.target]) : 0.f;  // not __ldg's: this thread's store follows
       uint4* dx_vecs = reinterpret_cast<uint4*>(dx_row + cut.head);
       uint4* dq_vecs = kProbs ? reinterpret_cast<uint4*>(dq_row + cut.head) : nullptr;
-      for (int v0 = lane; v0 < cut.nvec; v0 += kVecs * group) {
-        uint4 xc[kVecs], qc[kVecs];
+      auto write_vectors = [&](auto dx_of) {
+        for (int v0 = lane; v0 < cut.nvec; v0 += kVecs * group) {
+          uint4 xc[kVecs], qc[kVecs];
 #pragma unroll
-        for (int u = 0; u < kVecs; ++u) xc[u] = xb[u], qc[u] = qb[u];
-        load_batch(v0 + kVecs * group);
+          for (int u = 0; u < kVecs; ++u) xc[u] = xb[u], qc[u] = qb[u];
+          load_batch(v0 + kVecs * group);
 #pragma unroll
-        for (int u = 0; u < kVecs; ++u) {
-          const int v = v0 + u * group;
-          if (v >= cut.nvec) break;
-          const int col = cut.head + v * L::kPerVec;
-          float dx[L::kPerVec], dq[L::kPerVec];
+          for (int u = 0; u < kVecs; ++u) {
+            const int v = v0 + u * group;
+            if (v >= cut.nvec) break;
+            const int col = cut.head + v * L::kPerVec;
+            float dx[L::kPerVec], dq[L::kPerVec];
 #pragma unroll
-          for (int i = 0; i < L::kPerVec; ++i) {
-            float q = 0.f;
-            if constexpr (kProbs) q = PF::at(qc[u], i);
-            dx[i] = element_gradient<L, kProbs>(p, r, L::at(xc[u], i), class_weights ? weight_at<L>(p, col + i) : 1.f,
-                                                q, col + i == r.target, dq[i]);
+            for (int i = 0; i < L::kPerVec; ++i)
+              dx[i] = dx_of(L::at(xc[u], i), kProbs ? PF::at(qc[u], i) : 0.f, col + i, dq[i]);
+            dx_vecs[v] = vector_of<L>(dx);
+            if (kProbs && p.grad_probs) dq_vecs[v] = vector_of<PF>(dq);
           }
-          dx_vecs[v] = vector_of<L>(dx);
-          if (kProbs && p.grad_probs) dq_vecs[v] = vector_of<PF>(dq);
         }
+      };
+      if (plain) {
+        write_vectors([&](float x, float, int, float&) { return other_class_gradient(r, x); });
+      } else {
+        write_vectors([&](float x, float q, int col, float& dq) {
+          const float w = class_weights ? weight_at<L>(p, col) : 1.f;
+          return element_gradient<L, kProbs>(p, r, x, w, q, col == r.target, dq);
+        });
       }
+      float unused;
+      if (owner) L::store(dx_row + r.target, element_gradient<L, false>(p, r, x_own, 1.f, 0.f, true, unused));
     }
   }
 }

@@ -148,6 +148,11 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     const float x_edge = edge >= 0 ? load_scalar<L>(x_row + edge) : -INFINITY;  // as loaded: the gradient caps it
     float x_t = 0.f;
     if (leader && code >= 0) x_t = logit<L>(p, load_scalar<L>(x_row + code));
+    // The lane whose vectors hold the target, and the target's logit as loaded (the gradient's fix-up).
+    const int t_off = int(code) - cut.head;
+    const bool owner = code >= 0 && unsigned(t_off) < unsigned(cut.nvec * L::kPerVec) &&
+                       ((t_off / L::kPerVec) & (group - 1)) == lane;
+    const float x_own = owner ? L::value(x_row[code]) : 0.f;  // not __ldg's: this thread's store to it follows
     // The claim, into each CTA's shared memory, there after group_share's wait. Sent behind the row's
     // loads: it waits for the claim's atomic, and nothing of the leader's may pass it.
     if (kClustered && leader)
@@ -191,44 +196,42 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     float loss = 0.f, weight = 0.f;
     if (live && leader) count_row(code, row_outcome<L>(p, row, code, st, x_t, w_t, gap), w_t, loss, weight, ignored);
 
-    // The gradient, from the registers (the gradient kernel's factors, with g and l as above).
+    // The gradient, from the registers (the gradient kernel's factors, with g and l as above). Every
+    // vector's elements are written as classes other than the target (other_class_gradient's one FMA
+    // where no class weight is read); the lane whose vector holds the target then writes that element
+    // again, from x_own (loaded with the row: in place, the vector's store overwrites it): one store
+    // more a row, where a test in every vector cost its selects.
     // g and the weights' sum, loaded again for each row (from L1): held across the loop, one spilled.
     const float g = p.grad_out ? __ldg(static_cast<const float*>(p.grad_out)) : 1.f;  // the divisor kernel's
     const float all_weights = class_weights ? __ldg(p.weight_total) : float(p.cols);
     const RowGradient r = class_row_gradient(p, make_float2(st.m, st.s), code, w_t, g, 0.f, all_weights, class_weights);
     uint4* dx_vecs = reinterpret_cast<uint4*>(dx_row + cut.head);
-    // The target's element is computed again, as the target, in the vector that holds it: one test a
-    // vector, not one an element (not where soft-capped: the cap's registers and the fix-up's spilled).
-    constexpr bool kTargetPerVector = !kSoftCapped<L>;
-    auto write_gradient = [&](auto weight) {
-      float unused;
+    auto store_vectors = [&](auto dx_of) {
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {
         const int v = lane + u * group;
         if (v < cut.nvec) {
-          const int col = cut.head + v * L::kPerVec;
           float dx[L::kPerVec];
 #pragma unroll
-          for (int i = 0; i < L::kPerVec; ++i)
-            dx[i] = element_gradient<L, false>(p, r, L::at(xb[u], i), weight(col + i), 0.f,
-                                               !kTargetPerVector && col + i == r.target, unused);
-          const int t_elem = r.target - col;
-          if (kTargetPerVector && unsigned(t_elem) < unsigned(L::kPerVec)) {
-            float x = 0.f;  // by selects: L::at with the run-time index spilled the bf16 instance
-#pragma unroll
-            for (int i = 0; i < L::kPerVec; ++i) x = i == t_elem ? L::at(xb[u], i) : x;
-            const float d = element_gradient<L, false>(p, r, x, weight(r.target), 0.f, true, unused);
-#pragma unroll
-            for (int i = 0; i < L::kPerVec; ++i) dx[i] = i == t_elem ? d : dx[i];
-          }
+          for (int i = 0; i < L::kPerVec; ++i) dx[i] = dx_of(L::at(xb[u], i), cut.head + v * L::kPerVec + i);
           dx_vecs[v] = vector_of<L>(dx);
         }
       }
-      if (edge >= 0)
-        L::store(dx_row + edge, element_gradient<L, false>(p, r, x_edge, weight(edge), 0.f, edge == r.target, unused));
     };
-    if (weightless) write_gradient(no_weight);
-    else write_gradient(weight_of);
+    float unused;
+    if (weightless && !r.zero) {
+      store_vectors([&](float x, int) { return other_class_gradient(r, x); });
+    } else {
+      store_vectors([&](float x, int col) {
+        return element_gradient<L, false>(p, r, x, weight_of(col), 0.f, false, unused);
+      });
+    }
+    if (owner) L::store(dx_row + code, element_gradient<L, false>(p, r, x_own, w_t, 0.f, true, unused));
+    if (edge >= 0)
+      L::store(dx_row + edge, weightless && !r.zero && edge != r.target
+                                  ? other_class_gradient(r, x_edge)
+                                  : element_gradient<L, false>(p, r, x_edge, weight_of(edge), 0.f, edge == r.target,
+                                                               unused));
     end_chunk(p, true, loss, weight, group, warp_sums[parity], claims, kClustered ? 0u : claim, &claimed[parity]);
     claims.advance(kClustered ? &cluster_claimed[parity] : &claimed[parity]);
   }

@@ -81,6 +81,7 @@ struct RowGradient {
   float m, a, l, g, b_t, lse;
   int target;
   bool zero;
+  float scale, shift;  // other_class_gradient's: g a + l and g eps / C
 };
 // From the row's (m, s), g (0 where it does not count, NaN for a bad target), l, a and b_t; z-loss
 // adds its 2 z g lse to l where the row counts.
@@ -88,7 +89,8 @@ __device__ __forceinline__ RowGradient row_gradient(const Params& p, float2 stat
                                                     int target, bool counts) {
   const float lse = state.x + logf(state.y), inv_s = __frcp_rn(state.y);
   if (counts && p.z_loss != 0.f) l = fmaf(2.f * p.z_loss * g, lse, l);
-  return {state.x, a * inv_s, l * inv_s, g, b_t, lse, target, !counts && l == 0.f};
+  return {state.x, a * inv_s, l * inv_s, g, b_t, lse, target, !counts && l == 0.f,
+          fmaf(g, a * inv_s, l * inv_s), g * p.smoothing_per_class};
 }
 // A class-index row's: code its target's (target_code's), w_t its class weight, all_weights the
 // classes' weights' sum (C without), class_weights whether b_j reads w_j. (Unused where the build has
@@ -116,6 +118,15 @@ __device__ __forceinline__ float element_gradient(const Params& p, const RowGrad
   const float b = kProbs ? class_share<true>(p, w, q) : target ? r.b_t : p.smoothing_per_class * w;
   if constexpr (kProbs) dq = r.g * (1.f - p.label_smoothing) * w * (r.lse - y);
   return r.zero ? 0.f : fmaf(r.g, fmaf(r.a, e, -b), r.l * e) * slope;
+}
+
+// dx_j of a class other than the target where b_j holds no class weight (b_j = eps / C: class indices,
+// and no class weights with label smoothing) and the logits are not capped: (g a + l) e_j - g eps / C in
+// one FMA, where element_gradient takes four and the target's test. Both kernels write every such
+// element so, in vectors or one by one, and the target's by element_gradient: the same bits from either.
+// Not for a row whose gradient is 0 throughout (r.zero): its exps may be NaN.
+__device__ __forceinline__ float other_class_gradient(const RowGradient& r, float x) {
+  return fmaf(exp2_approx((x - r.m) * kLog2e), r.scale, -r.shift);
 }
 
 template <class L, class P, bool kStrided>
@@ -190,6 +201,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
     }
 
     // Element by element: the edges around the vectors, or the whole row.
+    const bool plain = !kProbs && !kSoftCapped<L> && !class_weights && !r.zero;  // other_class_gradient's rows
     const int nedge = len - cut.nvec * L::kPerVec;
     for (int k0 = lane; k0 < nedge; k0 += kElems * group) {
       float x[kElems], q[kElems];
@@ -205,37 +217,52 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
         if (k0 + u * group >= nedge) break;
         const int j = edge_element<L>(cut, k0 + u * group);
         float dq = 0.f;
-        const float dx = element_gradient<L, kProbs>(p, r, x[u], class_weights ? weight_at<L>(p, j) : 1.f, q[u],
-                                                     j == r.target, dq);
+        const float dx = plain && j != r.target ? other_class_gradient(r, x[u])
+                         : element_gradient<L, kProbs>(p, r, x[u], class_weights ? weight_at<L>(p, j) : 1.f, q[u],
+                                                       j == r.target, dq);
         L::store(dx_row + j * stride, dx);
         if (kProbs && p.grad_probs) PF::store(dq_row + j * stride, dq);
       }
     }
     if constexpr (kVectors) {
+      // Where other_class_gradient writes the vectors, the lane whose vector holds the target writes
+      // that element again after them, from its logit loaded now (in place, the vector overwrites it).
+      const int t_off = r.target - cut.head;
+      const bool owner = plain && r.target >= 0 && unsigned(t_off) < unsigned(cut.nvec * L::kPerVec) &&
+                         ((t_off / L::kPerVec) & (group - 1)) == lane;
+      const float x_own = owner ? L::value(x_row[r.target]) : 0.f;  // not __ldg's: this thread's store follows
       uint4* dx_vecs = reinterpret_cast<uint4*>(dx_row + cut.head);
       uint4* dq_vecs = kProbs ? reinterpret_cast<uint4*>(dq_row + cut.head) : nullptr;
-      for (int v0 = lane; v0 < cut.nvec; v0 += kVecs * group) {
-        uint4 xc[kVecs], qc[kVecs];
+      auto write_vectors = [&](auto dx_of) {
+        for (int v0 = lane; v0 < cut.nvec; v0 += kVecs * group) {
+          uint4 xc[kVecs], qc[kVecs];
 #pragma unroll
-        for (int u = 0; u < kVecs; ++u) xc[u] = xb[u], qc[u] = qb[u];
-        load_batch(v0 + kVecs * group);
+          for (int u = 0; u < kVecs; ++u) xc[u] = xb[u], qc[u] = qb[u];
+          load_batch(v0 + kVecs * group);
 #pragma unroll
-        for (int u = 0; u < kVecs; ++u) {
-          const int v = v0 + u * group;
-          if (v >= cut.nvec) break;
-          const int col = cut.head + v * L::kPerVec;
-          float dx[L::kPerVec], dq[L::kPerVec];
+          for (int u = 0; u < kVecs; ++u) {
+            const int v = v0 + u * group;
+            if (v >= cut.nvec) break;
+            const int col = cut.head + v * L::kPerVec;
+            float dx[L::kPerVec], dq[L::kPerVec];
 #pragma unroll
-          for (int i = 0; i < L::kPerVec; ++i) {
-            float q = 0.f;
-            if constexpr (kProbs) q = PF::at(qc[u], i);
-            dx[i] = element_gradient<L, kProbs>(p, r, L::at(xc[u], i), class_weights ? weight_at<L>(p, col + i) : 1.f,
-                                                q, col + i == r.target, dq[i]);
+            for (int i = 0; i < L::kPerVec; ++i)
+              dx[i] = dx_of(L::at(xc[u], i), kProbs ? PF::at(qc[u], i) : 0.f, col + i, dq[i]);
+            dx_vecs[v] = vector_of<L>(dx);
+            if (kProbs && p.grad_probs) dq_vecs[v] = vector_of<PF>(dq);
           }
-          dx_vecs[v] = vector_of<L>(dx);
-          if (kProbs && p.grad_probs) dq_vecs[v] = vector_of<PF>(dq);
         }
+      };
+      if (plain) {
+        write_vectors([&](float x, float, int, float&) { return other_class_gradient(r, x); });
+      } else {
+        write_vectors([&](float x, float q, int col, float& dq) {
+          const float w = class_weights ? weight_at<L>(p, col) : 1.f;
+          return element_gradient<L, kProbs>(p, r, x, w, q, col == r.target, dq);
+        });
       }
+      float unused;
+      if (owner) L::store(dx_row + r.target, element_gradient<L, false>(p, r, x_own, 1.f, 0.f, true, unused));
     }
   }
 }
