@@ -168,18 +168,27 @@ def arch_targets(arch_list):
     return tuple(targets)
 
 
-def _covers(targets, capability):
-    """Whether code for `targets` runs on a GPU of `capability`: machine code of its major version and
-    no newer minor (an "a" variant: its own capability alone), or PTX no newer than it."""
+def code_capability(targets, capability):
+    """The capability of the code for `targets` that a GPU of `capability` runs, as (major, minor), or
+    None where none runs there: the newest machine code of its major version and no newer minor (an
+    "a" variant: its own capability alone), else the newest PTX no newer than it, which the driver
+    compiles for it. The kernels' code paths (and so the launch policy's) are that capability's."""
+    machine, ptx = [], []
     for arch, code in targets:
         major, minor, variant = re.fullmatch(r"(\d+?)(\d)(a?)", arch).groups()
         built = (int(major), int(minor))
-        if variant:
-            if built == capability:
-                return True
-        elif built <= capability and (code.startswith("compute_") or built[0] == capability[0]):
-            return True
-    return False
+        if built > capability or (variant and built != capability):
+            continue
+        if code.startswith("compute_"):
+            ptx.append(built)
+        elif built[0] == capability[0]:
+            machine.append(built)
+    return max(machine or ptx, default=None)
+
+
+def _covers(targets, capability):
+    """Whether code for `targets` runs on a GPU of `capability`."""
+    return code_capability(targets, capability) is not None
 
 
 @functools.lru_cache(maxsize=None)
@@ -236,6 +245,9 @@ def prebuild():
 
 @functools.lru_cache(maxsize=None)
 def device_gpu(device_index):
-    """The launch policy's figures of GPU device_index, from the driver."""
+    """The launch policy's figures of GPU device_index, from the driver; its capability the code's that
+    runs there (code_capability: PTX of an older one, where the builds have nothing newer)."""
     values = struct.unpack(f"={len(DEVICE_ATTRIBUTES)}i", default_extension().device_attributes(device_index))
-    return gpu_from(dict(zip((name for name, _ in DEVICE_ATTRIBUTES), values)))
+    attributes = dict(zip((name for name, _ in DEVICE_ATTRIBUTES), values))
+    attributes["major"], attributes["minor"] = code_capability(_targets(), (attributes["major"], attributes["minor"]))
+    return gpu_from(attributes)

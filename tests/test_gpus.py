@@ -142,6 +142,17 @@ def test_torch_cuda_arch_list_decides_the_build_and_must_cover_the_gpus(monkeypa
                 fresh_targets()
 
 
+def test_the_policy_plans_for_the_code_that_runs():
+    """The capability the kernels' code paths take on a GPU: its own machine code's, or an older one's
+    PTX, which the driver compiles (whose kernels then lack the newer instructions: no TMA or clusters
+    from compute_80 on a 9.0 GPU)."""
+    for arch_list, capability, code in [("8.0;9.0", (9, 0), (9, 0)), ("8.0+PTX", (9, 0), (8, 0)),
+                                        ("8.0+PTX;9.0", (9, 0), (9, 0)), ("8.0;9.0+PTX", (10, 0), (9, 0)),
+                                        ("8.6", (8, 9), (8, 6)), ("9.0a", (9, 0), (9, 0)), ("9.0a+PTX", (10, 0), None),
+                                        ("8.0", (9, 0), None), ("7.5;8.0+PTX", (8, 6), (8, 0))]:
+        assert build.code_capability(build.arch_targets(arch_list), capability) == code, (arch_list, capability)
+
+
 def test_no_gpu_and_no_arch_list_says_so(monkeypatch, fresh_targets):
     _fake_gpus(monkeypatch, {})
     with pytest.raises(RuntimeError, match="none is visible"):
@@ -153,7 +164,8 @@ def test_no_gpu_and_no_arch_list_says_so(monkeypatch, fresh_targets):
 def test_the_drivers_figures_are_this_gpus():
     index = torch.cuda.current_device()
     g, props = build.device_gpu(index), torch.cuda.get_device_properties(index)
-    assert g.cc == 10 * props.major + props.minor and g.sms == props.multi_processor_count
+    code = build.code_capability(build._targets(), (props.major, props.minor))
+    assert g.cc == 10 * code[0] + code[1] and g.sms == props.multi_processor_count
     assert g.threads_per_sm == props.max_threads_per_multi_processor and g.l2_bytes == props.L2_cache_size
     if hasattr(props, "memory_clock_rate"):
         assert g.bandwidth == 2e3 * props.memory_clock_rate * props.memory_bus_width / 8
