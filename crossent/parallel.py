@@ -163,7 +163,10 @@ class VocabParallelFunction(torch.autograd.Function):
         gathered = torch.empty((world * n * 3,), dtype=dtype, device=x.device)
         _all_gather(gathered, stats.reshape(-1), group=shard.group)  # the one collective
         lse, u = _merge(gathered.view(world, n, 3))
-        per_row = torch.where(rows.counted, rows.a * lse - u + options.z_loss * lse**2, 0)
+        per_row = rows.a * lse - u
+        if options.z_loss:  # (not 0 * lse**2: inf past float32's range, and NaN)
+            per_row = per_row + options.z_loss * lse**2
+        per_row = torch.where(rows.counted, per_row, 0)
         divisor = _divisor(rows)
         if options.reduction == "none":
             loss = per_row

@@ -102,15 +102,16 @@ def _case_every_option(rank, world, device, dtype, vocab, sizes):
         _check(rank, full, t, start, size, _kwargs(opts, vocab, dtype, device), dtype, tolerance, inplace)
 
 
-def _case_where_the_targets_and_maxima_lie(rank, world, device):
+def _case_where_the_targets_and_maxima_lie(rank, world, device, dtype=torch.float64):
     """All targets on the last rank, every row's max on the first; and rows of -inf, NaN and 1e30."""
     vocab, sizes = 20, [8, 12]
     start, size = _slices(vocab, sizes)[rank]
-    full, _ = _problem(6, vocab, torch.float64, device)
+    full, _ = _problem(6, vocab, dtype, device)
     full[:, 0] = 50.0
     t = torch.tensor([8, 19, 10, -100, 15, 9], device=device)
+    tolerance = 1e-12 if dtype == torch.float64 else 16 * torch.finfo(dtype).eps
     for opts in (o for o in OPTIONS if "ignore_index" not in o):
-        _check(rank, full, t, start, size, _kwargs(opts, vocab, torch.float64, device), torch.float64, 1e-12)
+        _check(rank, full, t, start, size, _kwargs(opts, vocab, dtype, device), dtype, tolerance)
     odd = full.clone()
     odd[0], odd[1, 3], odd[2, 9], odd[3] = -float("inf"), float("nan"), 1e30, -float("inf")
     odd[4, 10:] = -float("inf")  # the second slice of this row is all -inf
@@ -204,8 +205,9 @@ def test_every_option_over_three_uneven_ranks():
     _spawn("_case_every_option", 3, "gloo", "cpu", torch.float64, 23, [10, 1, 12])
 
 
-def test_where_the_targets_and_maxima_lie():
-    _spawn("_case_where_the_targets_and_maxima_lie", 2, "gloo", "cpu")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_where_the_targets_and_maxima_lie(dtype):
+    _spawn("_case_where_the_targets_and_maxima_lie", 2, "gloo", "cpu", dtype)
 
 
 def test_one_collective_and_the_same_bits():
