@@ -149,9 +149,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_fused_k
     float x_t = 0.f;
     if (leader && code >= 0) x_t = logit<L>(p, load_scalar<L>(x_row + code));
     // The lane whose vectors hold the target, and the target's logit as loaded (the gradient's fix-up).
-    const int t_off = int(code) - cut.head;
-    const bool owner = code >= 0 && unsigned(t_off) < unsigned(cut.nvec * L::kPerVec) &&
-                       ((t_off / L::kPerVec) & (group - 1)) == lane;
+    const bool owner = holds_target<L>(int(code), cut, group, lane);
     const float x_own = owner ? L::value(x_row[code]) : 0.f;  // not __ldg's: this thread's store to it follows
     // The claim, into each CTA's shared memory, there after group_share's wait. Sent behind the row's
     // loads: it waits for the claim's atomic, and nothing of the leader's may pass it.

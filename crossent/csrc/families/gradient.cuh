@@ -128,6 +128,14 @@ __device__ __forceinline__ float element_gradient(const Params& p, const RowGrad
 __device__ __forceinline__ float other_class_gradient(const RowGradient& r, float x) {
   return fmaf(exp2_approx((x - r.m) * kLog2e), r.scale, -r.shift);
 }
+// Whether this lane's vectors hold column `target` (-1 or less: none) of a row whose `group` lanes take
+// cut's vectors in turn: the lane that writes the target's element again after its vectors.
+template <class L>
+__device__ __forceinline__ bool holds_target(int target, const Aligned& cut, int group, int lane) {
+  const int t_off = target - cut.head;
+  return target >= 0 && unsigned(t_off) < unsigned(cut.nvec * L::kPerVec) &&
+         ((t_off / L::kPerVec) & (group - 1)) == lane;
+}
 
 template <class L, class P, bool kStrided>
 __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradient_kernel(const Params p) {
@@ -227,9 +235,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
     if constexpr (kVectors) {
       // Where other_class_gradient writes the vectors, the lane whose vector holds the target writes
       // that element again after them, from its logit loaded now (in place, the vector overwrites it).
-      const int t_off = r.target - cut.head;
-      const bool owner = plain && r.target >= 0 && unsigned(t_off) < unsigned(cut.nvec * L::kPerVec) &&
-                         ((t_off / L::kPerVec) & (group - 1)) == lane;
+      const bool owner = plain && holds_target<L>(r.target, cut, group, lane);
       const float x_own = owner ? L::value(x_row[r.target]) : 0.f;  // not __ldg's: this thread's store follows
       uint4* dx_vecs = reinterpret_cast<uint4*>(dx_row + cut.head);
       uint4* dq_vecs = kProbs ? reinterpret_cast<uint4*>(dq_row + cut.head) : nullptr;
