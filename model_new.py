@@ -582,6 +582,9 @@ PARTS = (
         ("softcap_rate", "float", "f", "... 2 log2(e) / softcap"),
         ("grad_row_stride", "long long", "q", "the gradient's: elements from a row to the next (the logits' "
                                               "class_stride and the same positions)"),
+        ("class_start", "long long", "q", "the gradient's: the first class the columns hold, of `classes`"),
+        ("classes", "long long", "q", "... the classes of a vocabulary split across ranks, targets among them all; "
+                                      "0: not split (the columns are the classes)"),
     ),
 )
 PARAMS = sum(PARTS, ())
@@ -1515,8 +1518,9 @@ namespace {
 
 // The skipped target: PyTorch's default, or in the options build the launch's.
 __device__ __forceinline__ long long ignore_index(const Params& p) { return kOptions ? p.ignore_index : kIgnoreIndex; }
-// Whether a row counts (kTargetCounted), is skipped (ignore_index) or yields NaN (outside [0, cols)).
-constexpr int kTargetCounted = 0, kTargetIgnored = -1, kTargetBad = -2;
+// Whether a row counts (kTargetCounted), is skipped (ignore_index) or yields NaN (outside [0, cols));
+// kTargetElsewhere: split_target_code's.
+constexpr int kTargetCounted = 0, kTargetIgnored = -1, kTargetBad = -2, kTargetElsewhere = -4;
 __device__ __forceinline__ int target_kind(const Params& p, long long target) {
   return target == ignore_index(p) ? kTargetIgnored : (target >= 0 && target < p.cols) ? kTargetCounted : kTargetBad;
 }
@@ -1524,6 +1528,15 @@ __device__ __forceinline__ int target_kind(const Params& p, long long target) {
 __device__ __forceinline__ int target_code(const Params& p, long long target) {
   const int kind = target_kind(p, target);
   return kind == kTargetCounted ? int(target) : kind;
+}
+// The gradient's, where the columns may be a slice [class_start, class_start + cols) of a vocabulary
+// of Params::classes split across ranks (0: not split): a target among the other classes counts, with
+// no column here (kTargetElsewhere). Unsplit, target_code's.
+__device__ __forceinline__ int split_target_code(const Params& p, long long target) {
+  if (target == ignore_index(p)) return kTargetIgnored;
+  const unsigned long long column = (unsigned long long)target - p.class_start;  // before the slice: past cols
+  if (column < (unsigned long long)p.cols) return int(column);
+  return (unsigned long long)target < (unsigned long long)p.classes ? kTargetElsewhere : kTargetBad;
 }
 
 // Whether the launch reads the logits of every row, ignored ones and bad targets' too: the options
@@ -1871,11 +1884,11 @@ namespace {
 // w_j the class weights (1 without):
 //   dx_j = (g (a e_j - b_j) + l e_j) y'_j,   dq_j = g (1 - eps) w_j (lse - y_j)
 // b_j: class j's share of the row's loss: for class indices eps / C w_j, plus (1 - eps) w_t at the
-// target t; for probabilities q, w_j ((1 - eps) q_j + eps / C). a: the shares' sum, so that a e_j -
-// b_j cancels exactly where it should (one class). l: the incoming gradient of the row's returned
-// log-sum-exp (Params::grad_lse) plus z-loss's 2 z g lse. y'_j: the cap's slope, or 1. A row whose
-// loss does not count (ignore_index) has none of g's terms: its gradient is exactly 0 where no l
-// reaches it, whatever its logits hold.
+// target t; for probabilities q, w_j ((1 - eps) q_j + eps / C) (C: the classes, a split vocabulary's
+// all). a: the shares' sum, so that a e_j - b_j cancels exactly where it should (one class). l: the
+// incoming gradient of the row's returned log-sum-exp (Params::grad_lse) plus z-loss's 2 z g lse.
+// y'_j: the cap's slope, or 1. A row whose loss does not count (ignore_index) has none of g's terms:
+// its gradient is exactly 0 where no l reaches it, whatever its logits hold.
 // Contiguous classes: `group` lanes of a warp take a row, 16-byte vectors where the logits, the
 // gradient and the probabilities share their 16-byte grid (the next batch of them in flight while
 // this one is written), element by element elsewhere; strided classes: a thread a position, so that
@@ -1950,15 +1963,15 @@ __device__ __forceinline__ RowGradient row_gradient(const Params& p, float2 stat
   return {state.x, a * inv_s, l * inv_s, g, b_t, lse, target, !counts && l == 0.f,
           fmaf(g, a * inv_s, l * inv_s), g * p.smoothing_per_class};
 }
-// A class-index row's: code its target's (target_code's), w_t its class weight, all_weights the
-// classes' weights' sum (C without), class_weights whether b_j reads w_j. (Unused where the build has
-// no gradient.)
+// A class-index row's: code its target's (split_target_code's), w_t its class weight, all_weights the
+// classes' weights' sum (C without), class_weights whether b_j reads w_j. A target elsewhere in a split
+// vocabulary weighs in a, with no b_t. (Unused where the build has no gradient.)
 [[maybe_unused]] __device__ __forceinline__ RowGradient class_row_gradient(const Params& p, float2 state, long long code,
                                                                           float w_t, float g, float l, float all_weights,
                                                                           bool class_weights) {
   const bool counts = code != kTargetIgnored;
   g = !counts ? 0.f : code == kTargetBad ? __int_as_float(0x7fc00000) : g;  // NaN, as the row's loss
-  const float own = code >= 0 ? (1.f - p.label_smoothing) * w_t : 0.f;
+  const float own = code >= 0 || code == kTargetElsewhere ? (1.f - p.label_smoothing) * w_t : 0.f;
   const float a = fmaf(p.smoothing_per_class, all_weights, own);
   const float b_t = fmaf(p.smoothing_per_class, class_weights ? w_t : 1.f, own);
   return row_gradient(p, state, g, l, a, b_t, int(code), counts);
@@ -2011,7 +2024,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
   const long long rows_a_step = (long long)gridDim.x * (kThreads / group);
   const bool class_weights = weighted(p) && (kProbs || smoothing(p));  // where a share reads w_j
   const float g_all = p.reduction == kReductionNone ? 0.f : incoming_gradient(p, 0);  // the mean's and the sum's
-  const float all_weights = weighted(p) && !kProbs && smoothing(p) ? *p.weight_total : float(p.cols);
+  const float all_weights = weighted(p) && !kProbs && smoothing(p) ? *p.weight_total
+                            : float(p.classes ? p.classes : p.cols);
   if (p.grad_in && p.reduction != kReductionNone && scalar_of(p.grad_dtype, p.grad_in, 0) == 1.f && !p.grad_lse)
     return;  // written throughout
 
@@ -2062,8 +2076,11 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
         a += class_share<true>(p, class_weights ? weight_at<L>(p, j) : 1.f, load_scalar<PF>(q_row + j * stride));
       r = row_gradient(p, in.state, g, in.l, lanes_sum(a, group), 0.f, -1, true);
     } else {
-      const long long code = live ? target_code(p, target_value(p, in.target)) : kTargetIgnored;
-      r = class_row_gradient(p, in.state, code, class_weight<L>(p, code), g, in.l, all_weights, class_weights);
+      const long long target = target_value(p, in.target);
+      const long long code = live ? split_target_code(p, target) : kTargetIgnored;
+      // the weights counted from the first column's (the host's pointer), the target's wherever it lies
+      const float w_t = code >= 0 || code == kTargetElsewhere ? weight_at<L>(p, target - p.class_start) : 1.f;
+      r = class_row_gradient(p, in.state, code, w_t, g, in.l, all_weights, class_weights);
     }
 
     // Element by element: the edges around the vectors, or the whole row.
@@ -4489,6 +4506,8 @@ def problem_fields(rows, plan, options):
         softcap,                                           # softcap
         2 / math.log(2) / softcap if softcap else 0.0,     # softcap_rate
         cols,                                              # grad_row_stride
+        0,                                                 # class_start
+        0,                                                 # classes
     )
 
 
@@ -4661,12 +4680,14 @@ incoming gradient other than 1 (the scale family)."""
 
 
 def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, probs_grad=False, written=None,
-                           into=None):
+                           into=None, split=None):
     """(d loss / d logits, d loss / d targets or None): grad, the loss's incoming gradient (its
     shape); grad_lse, the log-sum-exp's (or None); state, the forward's (m, s) a row; probs_grad: also
     the probability targets' gradient; written: the fused forward's gradient (dispatch.Written), whose
     rows stand where grad is 1 and no grad_lse reaches them; into: where to write d loss / d logits,
-    the logits themselves (each element is read before it is written, by the same thread)."""
+    the logits themselves (each element is read before it is written, by the same thread). split:
+    (start, V) where the logits' columns are the classes [start, start + C) of a vocabulary of V split
+    across ranks (crossent.parallel): class-index targets among all V, the class weights all V's."""
     probs = targets.dtype.is_floating_point
     target_dtype = targets.dtype
     x, t, class_stride, rows, _ = as_rows(logits, targets, probs)
@@ -4677,6 +4698,7 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
     weight, smoothing, softcap = options.weight, options.label_smoothing, options.softcap
     weight = weight.contiguous() if weight is not None else None
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing and not probs else None
+    class_start, classes = split or (0, 0)  # the kernel reads the weights from the first column's
     grad_in = grad_out = grad.reshape(-1).contiguous()  # as given: the kernel reads its dtype
     scale = None
     if options.reduction == "mean":  # over the mean's divisor, on the device: no host synchronization
@@ -4689,10 +4711,12 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
         GRADIENT, x, rows, class_stride, logits=x.data_ptr(), targets=0 if probs else t.data_ptr(),
         row_stride=x.stride(0), target_stride=t.stride(0) if rows and not probs else 1, target_bytes=t.element_size(),
         ignore_index=options.ignore_index, reduction=REDUCTIONS[options.reduction],
-        weight=0 if weight is None else weight.data_ptr(), row_state=state.data_ptr(), z_loss=options.z_loss,
-        label_smoothing=smoothing, smoothing_per_class=smoothing / cols, probs=t.data_ptr() if probs else 0,
-        probs_stride=t.stride(0) if probs else 0, probs_dtype=DTYPE_CODES[t.dtype] if probs else CLASS_INDICES,
-        softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
+        weight=0 if weight is None else weight.data_ptr() + class_start * weight.element_size(),
+        row_state=state.data_ptr(), z_loss=options.z_loss, label_smoothing=smoothing,
+        smoothing_per_class=smoothing / (classes or cols), class_start=class_start, classes=classes,
+        probs=t.data_ptr() if probs else 0, probs_stride=t.stride(0) if probs else 0,
+        probs_dtype=DTYPE_CODES[t.dtype] if probs else CLASS_INDICES, softcap=softcap,
+        softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
         grad_row_stride=as_rows(dx)[0].stride(0), grad_out=grad_out.data_ptr(),
         grad_dtype=DTYPE_CODES[grad_out.dtype], grad_scale=0 if scale is None else scale.data_ptr(),
         grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),

@@ -6,7 +6,7 @@ plus the one all-gather alone.
                                                   [--out bench/results/h200x2_parallel]
 
 For each N x V (bf16, V split evenly, 10% of the targets ignored), the median over `trials` of
-CUDA-event timings on each rank, after a barrier: y.copy_(x) of the slice; the all-gather of N x 3
+CUDA-event timings on each rank, after a barrier: y.copy_(x) of the slice; the all-gather of N x 2
 float32; and vocab_parallel_cross_entropy's forward and backward into the slice's gradient, with its
 agreement with the gathered logits' loss (rank 0 checks it against float32's, to a bfloat16 rounding).
 Rank 0 writes a table and OUT.json (rows N, V, ranks, impl, median_ms per rank, ...).
@@ -51,7 +51,7 @@ def shape_rows(n, vocab, trials):
     t = torch.randint(0, vocab, (n,), device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
     t[torch.rand(n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(2)) < 0.1] = -100
     y = torch.empty_like(x)
-    stats, gathered = torch.randn(n * 3, device="cuda"), torch.empty(world * n * 3, device="cuda")
+    stats, gathered = torch.randn(n * 2, device="cuda"), torch.empty(world * n * 2, device="cuda")
 
     def step():
         x.grad = None

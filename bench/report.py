@@ -312,7 +312,7 @@ def results_md(root, results):
     for n, rows in group(results, "parallel").items():
         section(f"`bench/parallel.py`: {n}", {n: rows}, parallel_table(rows),
                 "The vocabulary split evenly over the ranks, bf16; each rank's median of CUDA-event timings "
-                "after a barrier. The floor: a copy of the rank's slice plus the all-gather of N x 3 float32 "
+                "after a barrier. The floor: a copy of the rank's slice plus the all-gather of N x 2 float32 "
                 "alone.")
     for n, r in group(results, "hf").items():
         c = r["config"]

@@ -179,6 +179,8 @@ def problem_fields(rows, plan, options):
         softcap,                                           # softcap
         2 / math.log(2) / softcap if softcap else 0.0,     # softcap_rate
         cols,                                              # grad_row_stride
+        0,                                                 # class_start
+        0,                                                 # classes
     )
 
 

@@ -15,12 +15,14 @@ from .policy import gradient_plan
 
 
 def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, probs_grad=False, written=None,
-                           into=None):
+                           into=None, split=None):
     """(d loss / d logits, d loss / d targets or None): grad, the loss's incoming gradient (its
     shape); grad_lse, the log-sum-exp's (or None); state, the forward's (m, s) a row; probs_grad: also
     the probability targets' gradient; written: the fused forward's gradient (dispatch.Written), whose
     rows stand where grad is 1 and no grad_lse reaches them; into: where to write d loss / d logits,
-    the logits themselves (each element is read before it is written, by the same thread)."""
+    the logits themselves (each element is read before it is written, by the same thread). split:
+    (start, V) where the logits' columns are the classes [start, start + C) of a vocabulary of V split
+    across ranks (crossent.parallel): class-index targets among all V, the class weights all V's."""
     probs = targets.dtype.is_floating_point
     target_dtype = targets.dtype
     x, t, class_stride, rows, _ = as_rows(logits, targets, probs)
@@ -31,6 +33,7 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
     weight, smoothing, softcap = options.weight, options.label_smoothing, options.softcap
     weight = weight.contiguous() if weight is not None else None
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing and not probs else None
+    class_start, classes = split or (0, 0)  # the kernel reads the weights from the first column's
     grad_in = grad_out = grad.reshape(-1).contiguous()  # as given: the kernel reads its dtype
     scale = None
     if options.reduction == "mean":  # over the mean's divisor, on the device: no host synchronization
@@ -43,10 +46,12 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
         GRADIENT, x, rows, class_stride, logits=x.data_ptr(), targets=0 if probs else t.data_ptr(),
         row_stride=x.stride(0), target_stride=t.stride(0) if rows and not probs else 1, target_bytes=t.element_size(),
         ignore_index=options.ignore_index, reduction=REDUCTIONS[options.reduction],
-        weight=0 if weight is None else weight.data_ptr(), row_state=state.data_ptr(), z_loss=options.z_loss,
-        label_smoothing=smoothing, smoothing_per_class=smoothing / cols, probs=t.data_ptr() if probs else 0,
-        probs_stride=t.stride(0) if probs else 0, probs_dtype=DTYPE_CODES[t.dtype] if probs else CLASS_INDICES,
-        softcap=softcap, softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
+        weight=0 if weight is None else weight.data_ptr() + class_start * weight.element_size(),
+        row_state=state.data_ptr(), z_loss=options.z_loss, label_smoothing=smoothing,
+        smoothing_per_class=smoothing / (classes or cols), class_start=class_start, classes=classes,
+        probs=t.data_ptr() if probs else 0, probs_stride=t.stride(0) if probs else 0,
+        probs_dtype=DTYPE_CODES[t.dtype] if probs else CLASS_INDICES, softcap=softcap,
+        softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
         grad_row_stride=as_rows(dx)[0].stride(0), grad_out=grad_out.data_ptr(),
         grad_dtype=DTYPE_CODES[grad_out.dtype], grad_scale=0 if scale is None else scale.data_ptr(),
         grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),

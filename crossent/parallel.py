@@ -2,13 +2,13 @@
 holds the logits of its slice of the classes, and every rank gets the loss over all of them, the
 logits never gathered.
 
-Each rank reduces its slice to three numbers a row: its max m_r, its sum of exp(y - m_r) s_r, and
-its part of the row's linear term u_r, that is (1 - eps) w_t y_t where it holds the target, plus
-eps / V times the sum of w_j y_j over its classes (y: the logits, capped where softcap asks; w: the
-class weights, 1 without; eps: label smoothing). One all-gather brings every rank's three to every
-rank, which merges them in rank order, so that every rank gets the same bits, run to run:
+Each rank reduces its slice to two numbers a row: its log-sum-exp lse_r, and its part of the row's
+linear term u_r, that is (1 - eps) w_t y_t where it holds the target, plus eps / V times the sum of
+w_j y_j over its classes (y: the logits, capped where softcap asks; w: the class weights, 1 without;
+eps: label smoothing). One all-gather brings every rank's two to every rank, which merges them in
+rank order, so that every rank gets the same bits, run to run:
 
-    lse = M + log(sum_r s_r exp(m_r - M)),  M = max_r m_r,  u = sum_r u_r
+    lse = M + log(sum_r exp(lse_r - M)),  M = max_r lse_r,  u = sum_r u_r
     loss = a lse - u + z lse**2,  a = (1 - eps) w_t + eps / V * sum_j w_j
 
 The backward needs no collective: a rank's gradient is its slice's, from the merged lse,
@@ -16,19 +16,26 @@ The backward needs no collective: a rank's gradient is its slice's, from the mer
     d loss / d y_j = (a + 2 z lse) p_j - (1 - eps) w_t [j = t] - eps / V w_j,  p_j = exp(y_j - lse)
 
 times each row's incoming gradient (and plus the lse's own, times p_j), times the cap's derivative.
-Both passes go a chunk of rows at a time, in float32 (float64 for float64 logits): the float32
-temporaries stay within ROW_CHUNK_BYTES whatever the slice's size. inplace=True writes the gradient
-over the logits in the forward, for an incoming 1, and the backward scales its rows."""
+On a GPU the kernels compute lse_r (the forward's launch, one read of the slice) and the gradient
+(the gradient family's, given the merged lse as each row's (m, s) = (lse, 1) and the slice's place
+among the classes: one read, one write); u_r is a gather of the targets' logits, and with label
+smoothing one more read. Elsewhere (the CPU, float64) PyTorch's operations compute the same a chunk
+of rows at a time, in float32 (float64 for float64 logits): the temporaries stay within
+ROW_CHUNK_BYTES whatever the slice's size. inplace=True writes the gradient over the logits in the
+forward, for an incoming 1, and the backward scales it."""
 import math
 from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 
-from .inputs import (check_inplace_over, check_no_weight_grad, check_options, check_targets_from_env, first_bad_target,
-                     wide_dtype)
+from .api import kernels_take
+from .dispatch import forward
+from .gradient import cross_entropy_backward, scale_in_place
+from .inputs import (Options, check_inplace_over, check_no_weight_grad, check_options, check_targets_from_env,
+                     first_bad_target, wide_dtype)
 
-ROW_CHUNK_BYTES = 64 << 20  # the float32 temporaries of a chunk of rows at most
+ROW_CHUNK_BYTES = 64 << 20  # the float32 temporaries of a chunk of rows at most (PyTorch's operations)
 # torch 2.13 renamed the gather into one tensor; the old name warns there (neither: a torch without
 # torch.distributed, where the loss says so)
 _all_gather = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
@@ -75,57 +82,73 @@ def _row_terms(t, cols, shard, options, dtype):
     return RowTerms(counted, local, w_t, a)
 
 
-def _local_stats(x, shard, options, rows):
-    """(m, s, u) of every row over this rank's classes, rows x 3."""
-    dtype = wide_dtype(x.dtype)
+def _local_lse(x, t, options, kernels):
+    """Every row's log-sum-exp over this rank's classes (-inf where it holds none): by the forward's
+    launch, the targets read as ignored (the loss's launch computes every row's (m, s) where it keeps
+    them), or a chunk of rows at a time."""
+    n, cols = x.shape
+    if kernels:
+        lse_only = Options(ignore_index=options.ignore_index, reduction="sum", return_lse=True, softcap=options.softcap)
+        _, lse = forward(x, t.new_full((1,), options.ignore_index).expand(n), lse_only)
+        return lse
+    lse = torch.full((n,), -math.inf, dtype=wide_dtype(x.dtype), device=x.device)
+    for start, end in _chunks(n, cols) if cols else ():
+        y = _capped(x[start:end], options.softcap)
+        m = y.amax(1)
+        shift = torch.where(m.isinf(), 0, m)  # a row of -inf (or +inf): no inf - inf
+        lse[start:end] = shift + (y - shift[:, None]).exp().sum(1).log()
+    return lse
+
+
+def _linear_terms(x, shard, options, rows):
+    """Every row's u_r over this rank's classes: the target's term where it holds it (a gather), and
+    label smoothing's sum over its classes (one more read, a chunk of rows at a time)."""
     n, cols = x.shape
     eps = options.label_smoothing
-    stats = torch.empty((n, 3), dtype=dtype, device=x.device)
-    w_slice = None if options.weight is None else options.weight[shard.start:shard.start + cols].to(dtype)
-    for start, end in _chunks(n, cols):
-        y = _capped(x[start:end], options.softcap)
-        if cols:
-            m = y.amax(1)
-        else:
-            m = torch.full((end - start,), -math.inf, dtype=dtype, device=x.device)
-        shift = torch.where(m.isinf(), 0, m)  # a row of -inf (or +inf): no inf - inf
-        stats[start:end, 0] = m
-        stats[start:end, 1] = (y - shift[:, None]).exp().sum(1)
-        local = rows.local[start:end]
-        y_t = y.gather(1, local.clamp(min=0)[:, None])[:, 0] if cols else torch.zeros_like(m)
-        u = torch.where(local >= 0, (1 - eps) * rows.w_t[start:end] * y_t, 0)
-        if eps:
-            u = u + eps / shard.vocab * (y.sum(1) if w_slice is None else y @ w_slice)
-        stats[start:end, 2] = u
-    return stats
+    y_t = _capped(x.gather(1, rows.local.clamp(min=0)[:, None])[:, 0], options.softcap) if cols else None
+    u = torch.where(rows.local >= 0, (1 - eps) * rows.w_t * y_t, 0) if cols else torch.zeros_like(rows.w_t)
+    if eps and cols:
+        w_slice = None if options.weight is None else options.weight[shard.start:shard.start + cols].to(u.dtype)
+        for start, end in _chunks(n, cols):
+            y = _capped(x[start:end], options.softcap)
+            u[start:end] += eps / shard.vocab * (y.sum(1) if w_slice is None else y @ w_slice)
+    return u
 
 
 def _merge(gathered):
-    """(lse, u) of every row from every rank's (m, s, u), ranks x rows x 3, in rank order."""
-    m = gathered[:, :, 0]
-    top = m.amax(0)
+    """(lse, u) of every row from every rank's (lse_r, u_r), ranks x rows x 2, in rank order."""
+    lses = gathered[:, :, 0]
+    top = lses.amax(0)
     shift = torch.where(top.isinf(), 0, top)
     s, u = torch.zeros_like(top), torch.zeros_like(top)
     for r in range(gathered.shape[0]):
-        s = s + gathered[r, :, 1] * (m[r] - shift).exp()
-        u = u + gathered[r, :, 2]
+        s = s + (lses[r] - shift).exp()
+        u = u + gathered[r, :, 1]
     return shift + s.log(), u
 
 
-def _gradient(x, lse, per_row, per_row_lse, shard, options, rows, out):
-    """d loss / d x over this rank's classes into `out` (x itself where in place): per_row, each
-    row's incoming gradient of its loss (0 where ignored); per_row_lse, of its lse (or None)."""
+def _gradient(x, t, lse, grad, grad_lse, divisor, shard, options, rows, kernels, inplace=False):
+    """d loss / d x over this rank's classes, written over x where `inplace` (contiguous logits): grad,
+    the loss's incoming gradient (its shape); grad_lse, the lse's (or None). The kernels' gradient
+    family reads the merged lse as every row's (m, s) = (lse, 1), the targets among all V classes."""
+    if kernels:
+        state = torch.stack((lse.float(), torch.ones_like(lse, dtype=torch.float32)), 1)
+        dx, _ = cross_entropy_backward(grad, grad_lse, x, t, state, options, into=x if inplace else None,
+                                       split=(shard.start, shard.vocab))
+        return dx
+    out = x if inplace else torch.empty_like(x)
     dtype = wide_dtype(x.dtype)
     eps, z, softcap = options.label_smoothing, options.z_loss, options.softcap
     n, cols = x.shape
+    per_row = _per_row(grad, options.reduction, rows, divisor, n)
     w_slice = None if options.weight is None else options.weight[shard.start:shard.start + cols].to(dtype)
     for start, end in _chunks(n, cols):
         y = _capped(x[start:end], softcap)
         g = per_row[start:end]
         p = (y - lse[start:end, None]).exp()
         coefficient = g * (rows.a[start:end] + 2 * z * lse[start:end])
-        if per_row_lse is not None:
-            coefficient = coefficient + per_row_lse[start:end]
+        if grad_lse is not None:
+            coefficient = coefficient + grad_lse[start:end].to(dtype)
         dy = coefficient[:, None] * p
         local = rows.local[start:end]  # the target's term where this rank holds it; no host synchronization
         target_term = torch.where(local >= 0, -(1 - eps) * g * rows.w_t[start:end], 0)
@@ -151,18 +174,30 @@ def _divisor(rows):
     return torch.where(rows.counted, rows.w_t, 0).sum()
 
 
+def _scale(x, grad, reduction, kernels):
+    """The gradient written over the logits for an incoming 1, times the incoming `grad`, in place."""
+    if kernels:
+        return scale_in_place(x, grad, reduction)
+    dtype = wide_dtype(x.dtype)
+    g = grad.to(dtype).reshape(-1, 1) if reduction == "none" else grad.to(dtype)
+    for start, end in _chunks(*x.shape):  # the product in float32, rounded once
+        x[start:end] = x[start:end].to(dtype) * (g[start:end] if reduction == "none" else g)
+    return x
+
+
 class VocabParallelFunction(torch.autograd.Function):
     """The loss and every row's lse of a rank's slice, with their gradient. forward takes ctx itself."""
     @staticmethod
     def forward(ctx, x, t, shard, options, inplace):
         dtype = wide_dtype(x.dtype)
         n, cols = x.shape
+        kernels = kernels_take(x, t, options) and not torch.compiler.is_compiling()  # (not on fake tensors)
         rows = _row_terms(t, cols, shard, options, dtype)
-        stats = _local_stats(x, shard, options, rows)
+        terms = torch.stack((_local_lse(x, t, options, kernels).to(dtype), _linear_terms(x, shard, options, rows)), 1)
         world = dist.get_world_size(shard.group)
-        gathered = torch.empty((world * n * 3,), dtype=dtype, device=x.device)
-        _all_gather(gathered, stats.reshape(-1), group=shard.group)  # the one collective
-        lse, u = _merge(gathered.view(world, n, 3))
+        gathered = torch.empty((world * n * 2,), dtype=dtype, device=x.device)
+        _all_gather(gathered, terms.reshape(-1), group=shard.group)  # the one collective
+        lse, u = _merge(gathered.view(world, n, 2))
         per_row = rows.a * lse - u
         if options.z_loss:  # (not 0 * lse**2: inf past float32's range, and NaN)
             per_row = per_row + options.z_loss * lse**2
@@ -173,12 +208,13 @@ class VocabParallelFunction(torch.autograd.Function):
         else:
             loss = per_row.sum() if options.reduction == "sum" else per_row.sum() / divisor
         ctx.inplace = inplace and ctx.needs_input_grad[0]
-        if ctx.inplace:  # the gradient for an incoming 1 of each row's loss, over the logits
-            _gradient(x, lse, rows.counted.to(dtype), None, shard, options, rows, out=x)
+        if ctx.inplace:  # the gradient for an incoming 1 of the loss, over the logits
+            ones = torch.ones(loss.shape, dtype=torch.float32, device=x.device)
+            _gradient(x, t, lse, ones, None, divisor, shard, options, rows, kernels, inplace=True)
             torch.autograd.graph.increment_version(x)
         ctx.save_for_backward(None if ctx.inplace else x, t, options.weight, lse, divisor)
         ctx.x = x if ctx.inplace else None
-        ctx.shard, ctx.options = shard, options._replace(weight=None)
+        ctx.shard, ctx.options, ctx.kernels = shard, options._replace(weight=None), kernels
         ctx.set_materialize_grads(False)
         return loss.to(torch.float32 if options.float32_loss else x.dtype), lse
 
@@ -186,7 +222,8 @@ class VocabParallelFunction(torch.autograd.Function):
     def backward(ctx, grad, grad_lse):
         x, t, weight, lse, divisor = ctx.saved_tensors
         options = ctx.options._replace(weight=weight)
-        dtype = lse.dtype
+        if grad is None:
+            grad = torch.zeros(lse.shape if options.reduction == "none" else (), dtype=lse.dtype, device=lse.device)
         if ctx.inplace:
             x, ctx.x = ctx.x, None
             if x is None:
@@ -195,17 +232,9 @@ class VocabParallelFunction(torch.autograd.Function):
             if grad_lse is not None:
                 raise RuntimeError("inplace=True wrote the gradient over the logits, and the lse's gradient needs "
                                    "them: leave inplace off where the returned lse reaches the result")
-        n, cols = x.shape
-        rows = _row_terms(t, cols, ctx.shard, options, dtype)
-        if grad is None:
-            grad = torch.zeros(n if options.reduction == "none" else (), dtype=dtype, device=x.device)
-        per_row = _per_row(grad, options.reduction, rows, divisor, n)
-        if ctx.inplace:
-            for start, end in _chunks(n, cols):  # the product in float32, rounded once
-                x[start:end] = x[start:end].to(dtype) * per_row[start:end, None]
-            return x, None, None, None, None
-        per_row_lse = None if grad_lse is None else grad_lse.to(dtype)
-        dx = _gradient(x, lse, per_row, per_row_lse, ctx.shard, options, rows, out=torch.empty_like(x))
+            return _scale(x, grad, options.reduction, ctx.kernels), None, None, None, None
+        rows = None if ctx.kernels else _row_terms(t, x.shape[1], ctx.shard, options, lse.dtype)
+        dx = _gradient(x, t, lse, grad, grad_lse, divisor, ctx.shard, options, rows, ctx.kernels)
         return dx, None, None, None, None
 
 
@@ -237,7 +266,7 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, voc
     the same on every rank; or logits a DTensor sharded on its last dimension over a 1-D mesh (the
     slice, V and the group then its own). weight: the class weights of all V classes, the same on every
     rank; the rest as cross_entropy takes them, label smoothing spread over all V classes. One
-    all-gather of 3 numbers a row in the forward (float32; float64 for float64 logits), none in the
+    all-gather of 2 numbers a row in the forward (float32; float64 for float64 logits), none in the
     backward; the gradient is this rank's slice's, in the logits' dtype; inplace=True writes it over
     the logits in the forward (as cross_entropy's inplace; the lse's gradient then cannot pass).
     Returns the loss (and with return_lse every row's lse, in float32; float64 for float64 logits),

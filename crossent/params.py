@@ -84,6 +84,9 @@ PARTS = (
         ("softcap_rate", "float", "f", "... 2 log2(e) / softcap"),
         ("grad_row_stride", "long long", "q", "the gradient's: elements from a row to the next (the logits' "
                                               "class_stride and the same positions)"),
+        ("class_start", "long long", "q", "the gradient's: the first class the columns hold, of `classes`"),
+        ("classes", "long long", "q", "... the classes of a vocabulary split across ranks, targets among them all; "
+                                      "0: not split (the columns are the classes)"),
     ),
 )
 PARAMS = sum(PARTS, ())

@@ -1,10 +1,11 @@
 """vocab_parallel_cross_entropy: the vocabulary split across ranks. Each test starts its ranks as
-processes (torch.multiprocessing) that join one process group: gloo on the CPU, NCCL on two GPUs
-(skipped, saying why, with fewer). Every rank's loss, lse and slice of the gradient are checked
-against the loss of the gathered logits (crossent.cross_entropy) in float64, with random incoming
-gradients: targets on the slices' boundaries, all targets on one rank, the row's max on another rank
-than its target, uneven slices (50257 over 2, an empty slice), every option, inplace, the DTensor
-entry, determinism, and the collectives counted (one in the forward, none in the backward)."""
+processes (torch.multiprocessing) that join one process group: gloo on the CPU and on one GPU (two
+ranks sharing it: the kernels' path), NCCL on two GPUs (skipped, saying why, with fewer). Every
+rank's loss, lse and slice of the gradient are checked against the loss of the gathered logits
+(crossent.cross_entropy) in float64, with random incoming gradients: targets on the slices'
+boundaries, all targets on one rank, the row's max on another rank than its target, uneven slices
+(50257 over 2, an empty slice), every option, inplace, the DTensor entry, determinism, and the
+collectives counted (one in the forward, none in the backward)."""
 import importlib
 import itertools
 import os
@@ -69,9 +70,12 @@ def _kwargs(opts, vocab, dtype, device):
     return kwargs
 
 
-def _check(rank, full, t, start, size, kwargs, dtype, tolerance, inplace=False):
-    """This rank's loss, lse and gradient slice against the gathered logits' in float64."""
+def _check(rank, full, t, start, size, kwargs, dtype, tolerance, inplace=False, column_major=False):
+    """This rank's loss, lse and gradient slice against the gathered logits' in float64 (column_major: the
+    slice's columns contiguous, strides (1, N))."""
     shard = full[:, start:start + size].clone()
+    if column_major:
+        shard = shard.t().contiguous().t()
     leaf = shard.requires_grad_() if not inplace else shard.clone().requires_grad_()
     x = leaf if not inplace else leaf * 1  # inplace needs logits that are not a leaf
     got = vocab_parallel_cross_entropy(x, t, start, full.shape[1], inplace=inplace, **kwargs)
@@ -230,6 +234,51 @@ def test_no_rows_an_empty_slice_and_mistakes():
 def test_it_needs_torch_distributed():
     with pytest.raises(RuntimeError, match="initialize torch.distributed"):
         vocab_parallel_cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), 0, 3)
+
+
+# ------------------------------------------------------------------ on one GPU: the kernels, over gloo
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_kernels_over_two_ranks_on_one_gpu(dtype):
+    _spawn("_case_kernels_on_one_gpu", 2, "gloo", dtype)
+
+
+def _case_kernels_on_one_gpu(rank, world, dtype):
+    """Two ranks on one GPU: every option, where the targets and maxima lie, a target outside [0, V) (its
+    row NaN) and column-major logits, by the kernels' path (its gradients counted), the two numbers a
+    row gathered through the host, as gloo moves them."""
+    gather, backward = parallel._all_gather, parallel.cross_entropy_backward
+    launches = []
+
+    def through_host(out, local, group=None):
+        host = torch.empty(out.shape, dtype=out.dtype)
+        gather(host, local.cpu(), group=group)
+        out.copy_(host)
+
+    parallel._all_gather = through_host
+    parallel.cross_entropy_backward = lambda *a, **k: launches.append(k["split"]) or backward(*a, **k)
+    vocab, sizes = 50257, [25129, 25128]
+    _case_every_option(rank, world, "cuda:0", dtype, vocab, sizes)
+    start, size = _slices(vocab, sizes)[rank]
+    tolerance = 16 * torch.finfo(dtype).eps
+    full, t = _problem(13, vocab, dtype, "cuda:0")
+    _check(rank, full, t, start, size, dict(label_smoothing=0.1), dtype, tolerance, column_major=True)
+    bad = t.index_fill(0, torch.tensor([5], device=t.device), vocab)  # row 5's loss and gradient NaN, and no other's
+    runs = []
+    for target in (t, bad):
+        x = full[:, start:start + size].clone().requires_grad_()
+        loss = vocab_parallel_cross_entropy(x, target, start, vocab, reduction="none", label_smoothing=0.1)
+        loss.backward(torch.ones_like(loss))
+        runs.append((loss.detach(), x.grad))
+    (loss, dx), (loss_bad, dx_bad) = runs
+    others = torch.arange(13, device=t.device) != 5
+    assert loss_bad[5].isnan() and dx_bad[5].isnan().all(), (loss_bad[5], dx_bad[5])
+    assert torch.equal(loss_bad[others], loss[others]) and torch.equal(dx_bad[others], dx[others])
+    assert set(launches) == {(25129 * rank, 50257)}
+    if dtype == torch.float32:
+        _case_where_the_targets_and_maxima_lie(rank, world, "cuda:0", dtype)
+    parallel._all_gather, parallel.cross_entropy_backward = gather, backward
 
 
 # ------------------------------------------------------------------ on two GPUs: NCCL

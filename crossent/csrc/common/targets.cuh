@@ -7,8 +7,9 @@ namespace {
 
 // The skipped target: PyTorch's default, or in the options build the launch's.
 __device__ __forceinline__ long long ignore_index(const Params& p) { return kOptions ? p.ignore_index : kIgnoreIndex; }
-// Whether a row counts (kTargetCounted), is skipped (ignore_index) or yields NaN (outside [0, cols)).
-constexpr int kTargetCounted = 0, kTargetIgnored = -1, kTargetBad = -2;
+// Whether a row counts (kTargetCounted), is skipped (ignore_index) or yields NaN (outside [0, cols));
+// kTargetElsewhere: split_target_code's.
+constexpr int kTargetCounted = 0, kTargetIgnored = -1, kTargetBad = -2, kTargetElsewhere = -4;
 __device__ __forceinline__ int target_kind(const Params& p, long long target) {
   return target == ignore_index(p) ? kTargetIgnored : (target >= 0 && target < p.cols) ? kTargetCounted : kTargetBad;
 }
@@ -16,6 +17,15 @@ __device__ __forceinline__ int target_kind(const Params& p, long long target) {
 __device__ __forceinline__ int target_code(const Params& p, long long target) {
   const int kind = target_kind(p, target);
   return kind == kTargetCounted ? int(target) : kind;
+}
+// The gradient's, where the columns may be a slice [class_start, class_start + cols) of a vocabulary
+// of Params::classes split across ranks (0: not split): a target among the other classes counts, with
+// no column here (kTargetElsewhere). Unsplit, target_code's.
+__device__ __forceinline__ int split_target_code(const Params& p, long long target) {
+  if (target == ignore_index(p)) return kTargetIgnored;
+  const unsigned long long column = (unsigned long long)target - p.class_start;  // before the slice: past cols
+  if (column < (unsigned long long)p.cols) return int(column);
+  return (unsigned long long)target < (unsigned long long)p.classes ? kTargetElsewhere : kTargetBad;
 }
 
 // Whether the launch reads the logits of every row, ignored ones and bad targets' too: the options

@@ -13,11 +13,11 @@ namespace {
 // w_j the class weights (1 without):
 //   dx_j = (g (a e_j - b_j) + l e_j) y'_j,   dq_j = g (1 - eps) w_j (lse - y_j)
 // b_j: class j's share of the row's loss: for class indices eps / C w_j, plus (1 - eps) w_t at the
-// target t; for probabilities q, w_j ((1 - eps) q_j + eps / C). a: the shares' sum, so that a e_j -
-// b_j cancels exactly where it should (one class). l: the incoming gradient of the row's returned
-// log-sum-exp (Params::grad_lse) plus z-loss's 2 z g lse. y'_j: the cap's slope, or 1. A row whose
-// loss does not count (ignore_index) has none of g's terms: its gradient is exactly 0 where no l
-// reaches it, whatever its logits hold.
+// target t; for probabilities q, w_j ((1 - eps) q_j + eps / C) (C: the classes, a split vocabulary's
+// all). a: the shares' sum, so that a e_j - b_j cancels exactly where it should (one class). l: the
+// incoming gradient of the row's returned log-sum-exp (Params::grad_lse) plus z-loss's 2 z g lse.
+// y'_j: the cap's slope, or 1. A row whose loss does not count (ignore_index) has none of g's terms:
+// its gradient is exactly 0 where no l reaches it, whatever its logits hold.
 // Contiguous classes: `group` lanes of a warp take a row, 16-byte vectors where the logits, the
 // gradient and the probabilities share their 16-byte grid (the next batch of them in flight while
 // this one is written), element by element elsewhere; strided classes: a thread a position, so that
@@ -92,15 +92,15 @@ __device__ __forceinline__ RowGradient row_gradient(const Params& p, float2 stat
   return {state.x, a * inv_s, l * inv_s, g, b_t, lse, target, !counts && l == 0.f,
           fmaf(g, a * inv_s, l * inv_s), g * p.smoothing_per_class};
 }
-// A class-index row's: code its target's (target_code's), w_t its class weight, all_weights the
-// classes' weights' sum (C without), class_weights whether b_j reads w_j. (Unused where the build has
-// no gradient.)
+// A class-index row's: code its target's (split_target_code's), w_t its class weight, all_weights the
+// classes' weights' sum (C without), class_weights whether b_j reads w_j. A target elsewhere in a split
+// vocabulary weighs in a, with no b_t. (Unused where the build has no gradient.)
 [[maybe_unused]] __device__ __forceinline__ RowGradient class_row_gradient(const Params& p, float2 state, long long code,
                                                                           float w_t, float g, float l, float all_weights,
                                                                           bool class_weights) {
   const bool counts = code != kTargetIgnored;
   g = !counts ? 0.f : code == kTargetBad ? __int_as_float(0x7fc00000) : g;  // NaN, as the row's loss
-  const float own = code >= 0 ? (1.f - p.label_smoothing) * w_t : 0.f;
+  const float own = code >= 0 || code == kTargetElsewhere ? (1.f - p.label_smoothing) * w_t : 0.f;
   const float a = fmaf(p.smoothing_per_class, all_weights, own);
   const float b_t = fmaf(p.smoothing_per_class, class_weights ? w_t : 1.f, own);
   return row_gradient(p, state, g, l, a, b_t, int(code), counts);
@@ -153,7 +153,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
   const long long rows_a_step = (long long)gridDim.x * (kThreads / group);
   const bool class_weights = weighted(p) && (kProbs || smoothing(p));  // where a share reads w_j
   const float g_all = p.reduction == kReductionNone ? 0.f : incoming_gradient(p, 0);  // the mean's and the sum's
-  const float all_weights = weighted(p) && !kProbs && smoothing(p) ? *p.weight_total : float(p.cols);
+  const float all_weights = weighted(p) && !kProbs && smoothing(p) ? *p.weight_total
+                            : float(p.classes ? p.classes : p.cols);
   if (p.grad_in && p.reduction != kReductionNone && scalar_of(p.grad_dtype, p.grad_in, 0) == 1.f && !p.grad_lse)
     return;  // written throughout
 
@@ -204,8 +205,11 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_gradien
         a += class_share<true>(p, class_weights ? weight_at<L>(p, j) : 1.f, load_scalar<PF>(q_row + j * stride));
       r = row_gradient(p, in.state, g, in.l, lanes_sum(a, group), 0.f, -1, true);
     } else {
-      const long long code = live ? target_code(p, target_value(p, in.target)) : kTargetIgnored;
-      r = class_row_gradient(p, in.state, code, class_weight<L>(p, code), g, in.l, all_weights, class_weights);
+      const long long target = target_value(p, in.target);
+      const long long code = live ? split_target_code(p, target) : kTargetIgnored;
+      // the weights counted from the first column's (the host's pointer), the target's wherever it lies
+      const float w_t = code >= 0 || code == kTargetElsewhere ? weight_at<L>(p, target - p.class_start) : 1.f;
+      r = class_row_gradient(p, in.state, code, w_t, g, in.l, all_weights, class_weights);
     }
 
     // Element by element: the edges around the vectors, or the whole row.
