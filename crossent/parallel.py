@@ -5,10 +5,10 @@ logits never gathered.
 Each rank reduces its slice to two numbers a row: its log-sum-exp lse_r, and its part of the row's
 linear term u_r, that is (1 - eps) w_t y_t where it holds the target, plus eps / V times the sum of
 w_j y_j over its classes (y: the logits, capped where softcap asks; w: the class weights, 1 without;
-eps: label smoothing). One all-gather brings every rank's two to every rank, which merges them in
-rank order, so that every rank gets the same bits, run to run:
+eps: label smoothing). One all-gather brings every rank's two to every rank, which merges them by the
+same operations on the same bits, so that every rank gets the same loss, run to run:
 
-    lse = M + log(sum_r exp(lse_r - M)),  M = max_r lse_r,  u = sum_r u_r
+    lse = logsumexp_r lse_r,  u = sum_r u_r
     loss = a lse - u + z lse**2,  a = (1 - eps) w_t + eps / V * sum_j w_j
 
 The backward needs no collective: a rank's gradient is its slice's, from the merged lse,
@@ -116,15 +116,9 @@ def _linear_terms(x, shard, options, rows):
 
 
 def _merge(gathered):
-    """(lse, u) of every row from every rank's (lse_r, u_r), ranks x rows x 2, in rank order."""
-    lses = gathered[:, :, 0]
-    top = lses.amax(0)
-    shift = torch.where(top.isinf(), 0, top)
-    s, u = torch.zeros_like(top), torch.zeros_like(top)
-    for r in range(gathered.shape[0]):
-        s = s + (lses[r] - shift).exp()
-        u = u + gathered[r, :, 1]
-    return shift + s.log(), u
+    """(lse, u) of every row from every rank's (lse_r, u_r), ranks x rows x 2: the same operations on the
+    same bits on every rank (a slice of -inf adds nothing, as torch.logsumexp takes it)."""
+    return torch.logsumexp(gathered[:, :, 0], 0), gathered[:, :, 1].sum(0)
 
 
 def _gradient(x, t, lse, grad, grad_lse, divisor, shard, options, rows, kernels, inplace=False):
