@@ -239,12 +239,16 @@ def test_it_needs_torch_distributed():
 # ------------------------------------------------------------------ on one GPU: the kernels, over gloo
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_the_kernels_over_two_ranks_on_one_gpu(dtype):
-    _spawn("_case_kernels_on_one_gpu", 2, "gloo", dtype)
+def test_the_kernels_over_two_ranks_on_one_gpu():
+    _spawn("_case_kernels_on_one_gpu", 2, "gloo")  # one pair of ranks for the dtypes: each loads the kernels once
 
 
-def _case_kernels_on_one_gpu(rank, world, dtype):
+def _case_kernels_on_one_gpu(rank, world):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        _case_kernels_in(rank, world, dtype)
+
+
+def _case_kernels_in(rank, world, dtype):
     """Two ranks on one GPU: every option, where the targets and maxima lie, a target outside [0, V) (its
     row NaN) and column-major logits, by the kernels' path (its gradients counted), the two numbers a
     row gathered through the host, as gloo moves them."""
