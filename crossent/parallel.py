@@ -126,7 +126,7 @@ def _gradient(x, t, lse, grad, grad_lse, divisor, shard, options, rows, kernels,
     the loss's incoming gradient (its shape); grad_lse, the lse's (or None). The kernels' gradient
     family reads the merged lse as every row's (m, s) = (lse, 1), the targets among all V classes."""
     if kernels:
-        state = torch.stack((lse.float(), torch.ones_like(lse, dtype=torch.float32)), 1)
+        state = torch.stack((lse, torch.ones_like(lse)), 1)  # (float32: the kernels' dtypes' wide one)
         dx, _ = cross_entropy_backward(grad, grad_lse, x, t, state, options, into=x if inplace else None,
                                        split=(shard.start, shard.vocab))
         return dx
