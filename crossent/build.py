@@ -8,6 +8,7 @@ which keeps its cold build short ("Build and host time")."""
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import inspect
 import os
 import pathlib
@@ -114,13 +115,28 @@ def _build(targets, options=False):
     digest = hashlib.sha256(repr((sorted(arguments.items()), torch.__version__)).encode()).hexdigest()
     stamp = pathlib.Path(directory, "crossent.stamp")
     with _build_lock(directory):
-        if not stamp.exists() or stamp.read_text() != digest:
+        module = _finished_build(stamp, digest)
+        if module is None:
             print(f"crossent: building the {'options' if options else 'default'} kernels for "
                   f"{', '.join(code for _, code in targets)}, once (about {'a minute' if options else 'half a minute'} "
                   f"on 16 cores, longer on fewer: MAX_JOBS); cached in {directory} (TORCH_EXTENSIONS_DIR)",
                   file=sys.stderr, flush=True)
-        module = load_inline(**arguments)
-        stamp.write_text(digest)
+            module = load_inline(**arguments)
+            stamp.write_text(f"{digest}\n{module.__file__}")
+    return module
+
+
+def _finished_build(stamp, digest):
+    """The module a finished build of the same arguments left (its stamp: their digest and the library's
+    path), imported as it is, or None. Not through load_inline: its ninja decides by file times, and
+    where a machine's clock or file system makes those wrong, every new process rebuilds ("Build and
+    host time")."""
+    recorded = stamp.read_text().split("\n") if stamp.exists() else []
+    if len(recorded) != 2 or recorded[0] != digest or not os.path.isfile(recorded[1]):
+        return None
+    spec = importlib.util.spec_from_file_location(os.path.basename(recorded[1]).split(".")[0], recorded[1])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module
 
 

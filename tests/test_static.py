@@ -43,4 +43,5 @@ def test_submission_does_not_redefine_reference_names():
                            "input_shape", "dim", "nn", "F"}
     assert clobbered == set()
     assert "ModelNew" in defined
-    assert "__file__" not in read("model_new.py")
+    # exec'd from a string (KernelBench does so), the submission has no file of its own to read
+    assert not any(isinstance(node, ast.Name) and node.id == "__file__" for node in ast.walk(tree))
