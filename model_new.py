@@ -54,11 +54,13 @@ GRADIENT_VECS = 4        # the gradient's 16-byte vectors a lane at a time ("The
 FUSED_VECS = 8           # the fused family's 16-byte vectors a lane at most, its row in registers ...
 FUSED_CLUSTER_CTAS = 16  # ... and a cluster's CTAs at most where a row takes more than a CTA: sm_90's non-portable
                          # size; the portable 8 on later GPUs, none before sm_90 ("The gradient")
+SPLIT_CTAS = 1024         # a split vocabulary's row launches' CTAs at most, on every GPU (policy.split_grid)
 MAX_SEG = 1 << 30        # a segment's column indices are 32-bit
 IGNORE_INDEX = -100      # PyTorch's default: the default build skips it, the options build any other
 
 # The codes a parameter block carries.
-ROWS, TILES, ROW_BATCHES, ONE_ROW, STREAMED, GRADIENT, FUSED, SCALE = range(8)  # the kernel families
+# The kernel families.
+ROWS, TILES, ROW_BATCHES, ONE_ROW, STREAMED, GRADIENT, FUSED, SCALE, SPLIT_TERMS, SPLIT_MERGE = range(10)
 VECTOR_SWEEPS, ELEMENT_SWEEPS, PAIR_SWEEPS = range(3)  # how the tiles' kernel reduces a row (policy._sweeps)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 CLASS_INDICES = -1       # a streamed launch's probs_dtype for class-index targets
@@ -73,6 +75,7 @@ KERNEL_CONSTANTS = {
     "kFamilyRows": ROWS, "kFamilyTiles": TILES, "kFamilyRowBatches": ROW_BATCHES, "kFamilyOneRow": ONE_ROW,
     "kFamilyStreamed": STREAMED, "kFamilyGradient": GRADIENT, "kGradientVecs": GRADIENT_VECS,
     "kFamilyFused": FUSED, "kFamilyScale": SCALE, "kFusedVecs": FUSED_VECS, "kFusedClusterCtas": FUSED_CLUSTER_CTAS,
+    "kFamilySplitTerms": SPLIT_TERMS, "kFamilySplitMerge": SPLIT_MERGE,
     "kClassIndices": CLASS_INDICES, "kStreamVecs": STREAM_VECS, "kQuad": QUAD,
     "kQuadClasses": QUAD_CLASSES, "kQuadStageBytes": QUAD_STAGE_BYTES,
     "kVectorSweeps": VECTOR_SWEEPS, "kElementSweeps": ELEMENT_SWEEPS, "kPairSweeps": PAIR_SWEEPS,
@@ -124,10 +127,10 @@ def gpu_from(attributes):
 # ==========================================================================================
 # crossent/policy.py
 """The launch policy: for each problem the kernel family (plan_launch: _family), then the kind of load
-(_evict_first), then that family's launch shape; and the gradient's and the fused family's launches
-(gradient_plan, _fused_plan). Pure functions of the problem's shape and of a Gpu's figures: no
-device is needed to read or test them. The figures behind each rule are in docs/design, in the
-section the comment names."""
+(_evict_first), then that family's launch shape; and the gradient's, the fused family's and a split
+vocabulary's launches (gradient_plan, _fused_plan, split_grid). Pure functions of the problem's shape
+and of a Gpu's figures: no device is needed to read or test them. The figures behind each rule are in
+docs/design, in the section the comment names."""
 
 
 # The host's alone:
@@ -159,6 +162,8 @@ _CTA_SHARED_BYTES = {
     GRADIENT: 1024,
     FUSED: 1024,
     SCALE: 1024,
+    SPLIT_TERMS: 1024,
+    SPLIT_MERGE: 1024,
 }
 
 
@@ -303,6 +308,13 @@ def gradient_plan(rows, cols, elem_bytes, gpu, class_stride):
     group = 1 if class_stride > 1 else min(32, _pow2_at_least(-(-cols // (16 // elem_bytes * GRADIENT_VECS))))
     grid = max(1, min(_max_grid(GRADIENT, gpu), -(-rows // (THREADS // group))))
     return Plan(GRADIENT, False, grid, group, chunks=0)
+
+
+def split_grid(rows):
+    """A split vocabulary's row launches (families/split.cuh): a thread a row, at most SPLIT_CTAS CTAs,
+    and one where there is no row (the merge's last CTA stores the loss). The same on every GPU: the
+    merge's sums follow the grid, and every rank must get the same bits."""
+    return max(1, min(SPLIT_CTAS, -(-rows // THREADS)))
 
 
 def _fused_plan(rows, cols, elem_bytes, gpu, capped=False):
@@ -558,7 +570,7 @@ PARTS = (
         # The gradient's (kFamilyGradient); the fused family's too: grad, grad_out, weight_total.
         ("grad", "void*", "Q", "d loss / d logits, the logits' dtype, rows grad_row_stride elements apart"),
         ("grad_out", "void*", "Q", "the loss's incoming gradient in grad_dtype: one, or one a row; a fused "
-                                   "launch of the mean stores its 1 / divisor there first, in float32"),
+                                   "launch of the mean (and a split merge) stores its 1 / divisor there, in float32"),
         ("grad_scale", "const float*", "Q", "the mean's 1 / divisor, which grad_out's gradient is multiplied by; "
                                             "null: 1"),
         ("grad_lse", "const float*", "Q", "the log-sum-exp's incoming gradient, one a row; null: none"),
@@ -566,6 +578,10 @@ PARTS = (
         ("grad_probs", "void*", "Q", "d loss / d probabilities, their dtype, laid out as grad; null: not asked"),
         ("grad_in", "const void*", "Q", "after a fused forward: the loss's incoming gradient as given, in "
                                         "grad_dtype; rows where it is 1 hold theirs. null: none"),
+        # A split vocabulary's (kFamilySplitTerms, kFamilySplitMerge).
+        ("terms", "float2*", "Q", "each row's (lse_r, u_r) over a rank's classes: the terms kernel's for its "
+                                  "rank, the merge's input for every rank (ranks x rows)"),
+        ("lse", "float*", "Q", "the merge's: every row's log-sum-exp over all the classes"),
     ),
     (  # a problem's
         ("ignore_index", "long long", "q", "targets to skip"),
@@ -583,9 +599,11 @@ PARTS = (
         ("softcap_rate", "float", "f", "... 2 log2(e) / softcap"),
         ("grad_row_stride", "long long", "q", "the gradient's: elements from a row to the next (the logits' "
                                               "class_stride and the same positions)"),
-        ("class_start", "long long", "q", "the gradient's: the first class the columns hold, of `classes`"),
+        ("class_start", "long long", "q", "the gradient's and a split's terms: the first class the columns hold, of "
+                                          "`classes`"),
         ("classes", "long long", "q", "... the classes of a vocabulary split across ranks, targets among them all; "
                                       "0: not split (the columns are the classes)"),
+        ("ranks", "int", "i", "the merge's: the ranks whose terms it reads"),
     ),
 )
 PARAMS = sum(PARTS, ())
@@ -613,15 +631,15 @@ def preamble(options=False):
             f"constexpr cudaDeviceAttr kDeviceAttributes[] = {{{attributes}}};\n")
 
 
-def workspace_layout(plan, rows):
+def workspace_layout(splits, rows):
     """Byte offsets of the exact sum, the weights' exact sum and the segment partials, and the bytes
     in all. The counters fill the first 16 bytes (CTAs arrived, chunks claimed, rows ignored:
-    64-bit), each exact sum's words the next 80 (16-byte loads), and split rows have an (m, s, x_t)
-    partial per segment."""
+    64-bit), each exact sum's words the next 80 (16-byte loads), and rows split into `splits`
+    segments (a plan's; 1: whole rows) have an (m, s, x_t) partial per segment."""
     exact_off = 16
     weight_off = exact_off + 8 * EXACT_WORDS
     seg_off = weight_off + 8 * EXACT_WORDS
-    seg_bytes = 16 * rows * plan.splits if plan.splits > 1 else 0
+    seg_bytes = 16 * rows * splits if splits > 1 else 0
     return exact_off, weight_off, seg_off, seg_off + seg_bytes
 
 
@@ -2881,6 +2899,101 @@ void launch_scale(const Params& p) {
 
 }  // namespace
 """,
+    # ------------------------------------------------------------ crossent/csrc/families/split.cuh
+    "families/split.cuh": r"""// A vocabulary split across ranks (the options build; crossent.parallel): each row's two numbers over
+// a rank's classes, before the all-gather, and every rank's merged into the row's loss, after it.
+#pragma once
+
+#include "../common/row_end.cuh"
+
+namespace {
+
+// A rank's terms of each row, a thread a row, at Params::terms: (lse_r, u_r), the log-sum-exp of its
+// classes (m + log s from the forward's row state; -inf where it holds no class: row_state null) and
+// its share of the row's linear term, (1 - eps) w_t y_t where it holds the target t (y_t capped where
+// asked, w_t its class weight, 1 without), else 0. Label smoothing's sum over its classes the host adds.
+template <class E>
+__global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_split_terms_kernel(const Params p) {
+  const auto* logits = static_cast<const typename E::Storage*>(p.logits);
+  for (long long row = (long long)blockIdx.x * kThreads + threadIdx.x; row < p.rows;
+       row += (long long)gridDim.x * kThreads) {
+    const int code = split_target_code(p, target_value(p, load_target_words(p, row)));
+    float lse = -INFINITY, u = 0.f;
+    if (p.row_state) {
+      const float2 st = p.row_state[row];
+      lse = st.x + logf(st.y);
+    }
+    if (code >= 0) {
+      float y = load_scalar<E>(logits + row * p.row_stride + code * p.class_stride);
+      if (p.softcap != 0.f) y = p.softcap * tanhf(y / p.softcap);
+      u = (1.f - p.label_smoothing) * weight_at<E>(p, p.class_start + code) * y;
+    }
+    p.terms[row] = make_float2(lse, u);
+  }
+}
+
+// Every rank's terms (Params::terms, ranks x rows) merged, a thread a row, by the same operations in
+// the same order on every rank: lse = log sum_r exp(lse_r) (PyTorch's logsumexp: an infinite max
+// shifts nothing), u = sum_r u_r, and where the row counts its loss a lse - u + z lse^2, with
+// a = (1 - eps) w_t + eps / V sum_j w_j (NaN where its target is outside [0, V)). Stores each row's
+// lse (Params::lse), its (lse, 1) as the gradient's row state, its loss for reduction none; and sums
+// the losses as the loss kernels do (exact sums: the same bits whatever the schedule; the grid depends
+// on the rows alone), the last CTA storing the result and, for the mean, 1 / divisor at grad_out.
+template <class E>
+__global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_split_merge_kernel(const Params p) {
+  __shared__ Total scratch[kWarps];
+  const float smoothing_total = p.weight_total ? p.smoothing_per_class * *p.weight_total : p.label_smoothing;
+  Total mine = {0.0, 0.0};  // the counted rows' losses and class weights
+  unsigned int ignored = 0;
+  for (long long row = (long long)blockIdx.x * kThreads + threadIdx.x; row < p.rows;
+       row += (long long)gridDim.x * kThreads) {
+    float m = -INFINITY;
+    for (int r = 0; r < p.ranks; ++r) m = fmaxf(m, p.terms[r * p.rows + row].x);
+    const float shift = isinf(m) ? 0.f : m;
+    float s = 0.f, u = 0.f;
+    for (int r = 0; r < p.ranks; ++r) {
+      const float2 term = p.terms[r * p.rows + row];
+      s += expf(term.x - shift);
+      u += term.y;
+    }
+    const float lse = logf(s) + shift;
+    const long long target = target_value(p, load_target_words(p, row));
+    float loss = 0.f;
+    if (target == ignore_index(p)) {
+      ++ignored;
+    } else if ((unsigned long long)target < (unsigned long long)p.classes) {
+      const float w_t = weight_at<E>(p, target);
+      loss = ((1.f - p.label_smoothing) * w_t + smoothing_total) * lse - u;
+      if (p.z_loss != 0.f) loss += p.z_loss * lse * lse;  // guarded: 0 * inf would be NaN
+      mine.sum += loss;
+      mine.divisor += w_t;
+    } else {
+      loss = __int_as_float(0x7fc00000);
+      mine.sum += loss;
+    }
+    p.lse[row] = lse;
+    p.row_state[row] = make_float2(lse, 1.f);
+    if (p.reduction == kReductionNone) p.losses[row] = loss;
+  }
+  const Total cta = cta_sum(mine, scratch);
+  if (threadIdx.x == 0) {
+    exact_add(p.exact, float(cta.sum));
+    if (weighted(p)) exact_add(p.weight_exact, float(cta.divisor));
+  }
+  if (!arrive_last(p, ignored, true)) return;
+  const Total total = whole_rows_total(p);
+  if (threadIdx.x == 0 && p.reduction == kReductionMean) *static_cast<float*>(p.grad_out) = float(1.0 / total.divisor);
+  store_result<E>(p, total);
+}
+
+template <class E>
+void launch_split(const Params& p) {
+  if (p.family == kFamilySplitTerms) cross_entropy_split_terms_kernel<E><<<p.grid, kThreads, 0, p.stream>>>(p);
+  else cross_entropy_split_merge_kernel<E><<<p.grid, kThreads, 0, p.stream>>>(p);
+}
+
+}  // namespace
+""",
     # ------------------------------------------------------------ crossent/csrc/families/streamed.cuh
     "families/streamed.cuh": r"""// Family: streamed rows (the options build).
 #pragma once
@@ -3610,7 +3723,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_tiles_k
 namespace {
 
 // The options build's families, which it puts ahead of this file (families/streamed.cuh, gradient.cuh,
-// fused.cuh, scale.cuh); the default build has none of them and never names them (kOptions).
+// fused.cuh, scale.cuh, split.cuh); the default build has none of them and never names them (kOptions).
 template <class E>
 void launch_streamed(const Params& p);
 template <class E>
@@ -3619,6 +3732,8 @@ template <class E>
 void launch_fused(const Params& p);
 template <class E>
 void launch_scale(const Params& p);
+template <class E>
+void launch_split(const Params& p);
 
 // The instance the plan names: its family and the family's compile-time choice. Plain loads have
 // no instance without the lead: there a lone thread's lead is 0 anyway (item_layout), and the
@@ -3666,6 +3781,7 @@ void launch_for_family(const Params& p) {
     if (p.family == kFamilyGradient) return launch_gradient<E>(p);
     if (p.family == kFamilyFused) return launch_fused<E>(p);
     if (p.family == kFamilyScale) return launch_scale<E>(p);
+    if (p.family == kFamilySplitTerms || p.family == kFamilySplitMerge) return launch_split<E>(p);
   }
   if (p.target_bytes == 8) launch_for_loads<E, long long>(p);
   else launch_for_loads<E, int>(p);
@@ -3688,7 +3804,8 @@ std::string device_attributes(int device) {
 // The launch of a parameter block, checked against the instances this build has.
 void launch_params(const Params& p) {
   const bool options_family = kOptions && (p.family == kFamilyStreamed || p.family == kFamilyGradient ||
-                                            p.family == kFamilyFused || p.family == kFamilyScale);
+                                            p.family == kFamilyFused || p.family == kFamilyScale ||
+                                            p.family == kFamilySplitTerms || p.family == kFamilySplitMerge);
   const bool known = (p.family == kFamilyRows || p.family == kFamilyTiles || p.family == kFamilyRowBatches ||
                       p.family == kFamilyOneRow || options_family) &&
                      (p.dtype == kFloat32 || p.dtype == kBFloat16 || p.dtype == kFloat16) &&
@@ -3701,7 +3818,8 @@ void launch_params(const Params& p) {
                        (p.group & (p.group - 1)) == 0 &&
                        (p.group <= kThreads || (p.softcap == 0.f && p.grid % (p.group / kThreads) == 0)) &&
                        p.probs_dtype == kClassIndices &&
-                       p.class_stride == 1));
+                       p.class_stride == 1)) &&
+                     (p.family != kFamilySplitMerge || p.ranks >= 1);
   if (!known) throw std::invalid_argument("cross-entropy launch: unknown kernel family or dtype");
   int previous = 0;
   cudaGetDevice(&previous);
@@ -3880,7 +3998,8 @@ which keeps its cold build short ("Build and host time")."""
 _COMMON = ["common/arch.cuh", "common/formats.cuh", "common/memory.cuh", "common/lse.cuh", "common/reduce.cuh",
            "common/targets.cuh", "common/claims.cuh", "common/exact_sum.cuh", "common/row_end.cuh"]
 _FAMILIES = ["families/rows.cuh", "families/tiles.cuh", "families/row_batches.cuh", "families/one_row.cuh"]
-_TRAINING_FAMILIES = ["families/streamed.cuh", "families/gradient.cuh", "families/fused.cuh", "families/scale.cuh"]
+_TRAINING_FAMILIES = ["families/streamed.cuh", "families/gradient.cuh", "families/fused.cuh", "families/scale.cuh",
+                      "families/split.cuh"]
 CUDA_FILES = {
     False: _COMMON + _FAMILIES + ["launch.cu"],
     True: _COMMON[:5] + ["common/cluster.cuh"] + _COMMON[5:] + _FAMILIES + _TRAINING_FAMILIES + ["launch.cu"],
@@ -4351,10 +4470,10 @@ def prepare(logits, targets, options):
 # ==========================================================================================
 # crossent/dispatch.py
 """The dispatch: a call's launch in four steps, its problem (worked out by a problem's first call and
-kept: call), allocate, pack (the call's fields between the problem's) and launch, and the three
-forwards built from them: the loss alone (forward), a training step's loss with every row's (m, s) for
-its gradient (train_forward), and the training node's, C++ from the launch to the backward
-(node_forward).
+kept: call), allocate, pack (the call's fields between the problem's) and launch, and the forwards
+built from them: the loss alone (forward), every row's (m, s) alone (row_state), a training step's
+loss with every row's (m, s) for its gradient (train_forward), and the training node's, C++ from the
+launch to the backward (node_forward).
 
 KernelBench's timing starts before the call and ends after the kernel, with an L2 flush of about 90 us
 queued ahead of both: host work that outlasts the flush shows in the time ("Build and host time"). So
@@ -4374,7 +4493,7 @@ def current_stream(device_index):
     return _raw_stream(device_index) if _raw_stream else torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _workspace(device_index, stream, nbytes):
+def workspace(device_index, stream, nbytes):
     """Scratch for one launch: per stream, so concurrent streams never share a counter. The caller holds
     it until the launch: inside graph capture it is not cached, and a buffer freed there would be handed
     to the next allocation of the capture."""
@@ -4478,7 +4597,7 @@ def _work_out(rows, options, fuse):
     default = options.weight is None and options[1:] == DEFAULTS[1:] and not rows.probs and rows.class_stride == 1
     return Problem(plan, problem_fields(rows, plan, options), rows.rows, rows.cols, x.stride(0), rows.class_stride,
                    rows.probs, rows.device, rows.result_dtype, options.reduction == "none",
-                   samples_shape(rows.original.shape), workspace_layout(plan, rows.rows), default, gradient)
+                   samples_shape(rows.original.shape), workspace_layout(plan.splits, rows.rows), default, gradient)
 
 
 def problem_fields(rows, plan, options):
@@ -4524,6 +4643,7 @@ def problem_fields(rows, plan, options):
         cols,                                              # grad_row_stride
         0,                                                 # class_start
         0,                                                 # classes
+        0,                                                 # ranks
     )
 
 
@@ -4600,6 +4720,8 @@ def pack(problem, x, targets, weight, outputs, stream, ws):
         0 if weight_total is None else weight_total.data_ptr(),  # weight_total
         0,                                                 # grad_probs
         0,                                                 # grad_in
+        0,                                                 # terms
+        0,                                                 # lse
     ) + second
 
 
@@ -4610,7 +4732,7 @@ def _launch(problem, logits, x, targets, weight, options, check_targets, keep_st
     if check_targets and not problem.probs:
         first_bad_target(targets, problem.cols, options.ignore_index)
     stream = current_stream(problem.device)
-    ws = _workspace(problem.device, stream, problem.workspace[3])
+    ws = workspace(problem.device, stream, problem.workspace[3])
     outputs = allocate(problem, logits, weight, options, keep_state, inplace)
     block = pack(problem, x, targets, weight, outputs, stream, ws)
     (default_extension() if problem.default and not keep_state else options_extension()).launch(block)
@@ -4634,6 +4756,15 @@ def forward(logits, targets, options, check_targets=False):
     problem, x, t, weight = call(logits, targets, options)
     out, outputs = _launch(problem, logits, x, t, weight, options, check_targets, options.return_lse)
     return (out, lse(outputs.state, logits.shape)) if options.return_lse else out
+
+
+def row_state(logits, targets, options):
+    """Every row's (m, s) over the logits as options.softcap reads them, rows x 2 float32, by the
+    loss's launch with no other option: it keeps every row's whatever its target. A split vocabulary's
+    (crossent.split), whose targets lie among all its classes: the loss of them as given is not read."""
+    lse_only = Options(ignore_index=options.ignore_index, reduction="sum", return_lse=True, softcap=options.softcap)
+    problem, x, t, weight = call(logits, targets, lse_only)
+    return _launch(problem, logits, x, t, weight, lse_only, False, True)[1].state
 
 
 class Written(NamedTuple):
@@ -4680,7 +4811,7 @@ def node_forward(logits, called, options, check_targets=False):
     if check_targets:
         first_bad_target(t, problem.cols, options.ignore_index)
     stream = current_stream(problem.device)
-    ws = _workspace(problem.device, stream, problem.workspace[3])
+    ws = workspace(problem.device, stream, problem.workspace[3])
     block = pack(problem, x, t, weight, _NOTHING, stream, ws)
     loss_shape = problem.samples_shape if problem.per_row else ()
     return options_extension().fused_loss(logits, t, weight, block, problem.gradient.group, problem.gradient.grid,
@@ -4696,14 +4827,15 @@ incoming gradient other than 1 (the scale family)."""
 
 
 def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, probs_grad=False, written=None,
-                           into=None, split=None):
+                           into=None, split=None, scale=None):
     """(d loss / d logits, d loss / d targets or None): grad, the loss's incoming gradient (its
     shape); grad_lse, the log-sum-exp's (or None); state, the forward's (m, s) a row; probs_grad: also
     the probability targets' gradient; written: the fused forward's gradient (dispatch.Written), whose
     rows stand where grad is 1 and no grad_lse reaches them; into: where to write d loss / d logits,
     the logits themselves (each element is read before it is written, by the same thread). split:
     (start, V) where the logits' columns are the classes [start, start + C) of a vocabulary of V split
-    across ranks (crossent.parallel): class-index targets among all V, the class weights all V's."""
+    across ranks (crossent.parallel): class-index targets among all V, the class weights all V's.
+    scale: the mean's 1 / divisor on the device where the caller has it (a split merge's)."""
     probs = targets.dtype.is_floating_point
     target_dtype = targets.dtype
     x, t, class_stride, rows, _ = as_rows(logits, targets, probs)
@@ -4716,8 +4848,7 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing and not probs else None
     class_start, classes = split or (0, 0)  # the kernel reads the weights from the first column's
     grad_in = grad_out = grad.reshape(-1).contiguous()  # as given: the kernel reads its dtype
-    scale = None
-    if options.reduction == "mean":  # over the mean's divisor, on the device: no host synchronization
+    if options.reduction == "mean" and scale is None:  # over the mean's divisor on the device: no synchronization
         if written:
             scale = written.scale  # the fused forward's 1 / divisor, which the kernel multiplies by
         else:

@@ -30,7 +30,8 @@ from .sources import csrc_text
 _COMMON = ["common/arch.cuh", "common/formats.cuh", "common/memory.cuh", "common/lse.cuh", "common/reduce.cuh",
            "common/targets.cuh", "common/claims.cuh", "common/exact_sum.cuh", "common/row_end.cuh"]
 _FAMILIES = ["families/rows.cuh", "families/tiles.cuh", "families/row_batches.cuh", "families/one_row.cuh"]
-_TRAINING_FAMILIES = ["families/streamed.cuh", "families/gradient.cuh", "families/fused.cuh", "families/scale.cuh"]
+_TRAINING_FAMILIES = ["families/streamed.cuh", "families/gradient.cuh", "families/fused.cuh", "families/scale.cuh",
+                      "families/split.cuh"]
 CUDA_FILES = {
     False: _COMMON + _FAMILIES + ["launch.cu"],
     True: _COMMON[:5] + ["common/cluster.cuh"] + _COMMON[5:] + _FAMILIES + _TRAINING_FAMILIES + ["launch.cu"],

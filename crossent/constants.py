@@ -24,11 +24,13 @@ GRADIENT_VECS = 4        # the gradient's 16-byte vectors a lane at a time ("The
 FUSED_VECS = 8           # the fused family's 16-byte vectors a lane at most, its row in registers ...
 FUSED_CLUSTER_CTAS = 16  # ... and a cluster's CTAs at most where a row takes more than a CTA: sm_90's non-portable
                          # size; the portable 8 on later GPUs, none before sm_90 ("The gradient")
+SPLIT_CTAS = 1024         # a split vocabulary's row launches' CTAs at most, on every GPU (policy.split_grid)
 MAX_SEG = 1 << 30        # a segment's column indices are 32-bit
 IGNORE_INDEX = -100      # PyTorch's default: the default build skips it, the options build any other
 
 # The codes a parameter block carries.
-ROWS, TILES, ROW_BATCHES, ONE_ROW, STREAMED, GRADIENT, FUSED, SCALE = range(8)  # the kernel families
+# The kernel families.
+ROWS, TILES, ROW_BATCHES, ONE_ROW, STREAMED, GRADIENT, FUSED, SCALE, SPLIT_TERMS, SPLIT_MERGE = range(10)
 VECTOR_SWEEPS, ELEMENT_SWEEPS, PAIR_SWEEPS = range(3)  # how the tiles' kernel reduces a row (policy._sweeps)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 CLASS_INDICES = -1       # a streamed launch's probs_dtype for class-index targets
@@ -43,6 +45,7 @@ KERNEL_CONSTANTS = {
     "kFamilyRows": ROWS, "kFamilyTiles": TILES, "kFamilyRowBatches": ROW_BATCHES, "kFamilyOneRow": ONE_ROW,
     "kFamilyStreamed": STREAMED, "kFamilyGradient": GRADIENT, "kGradientVecs": GRADIENT_VECS,
     "kFamilyFused": FUSED, "kFamilyScale": SCALE, "kFusedVecs": FUSED_VECS, "kFusedClusterCtas": FUSED_CLUSTER_CTAS,
+    "kFamilySplitTerms": SPLIT_TERMS, "kFamilySplitMerge": SPLIT_MERGE,
     "kClassIndices": CLASS_INDICES, "kStreamVecs": STREAM_VECS, "kQuad": QUAD,
     "kQuadClasses": QUAD_CLASSES, "kQuadStageBytes": QUAD_STAGE_BYTES,
     "kVectorSweeps": VECTOR_SWEEPS, "kElementSweeps": ELEMENT_SWEEPS, "kPairSweeps": PAIR_SWEEPS,

@@ -1,8 +1,8 @@
 """The dispatch: a call's launch in four steps, its problem (worked out by a problem's first call and
-kept: call), allocate, pack (the call's fields between the problem's) and launch, and the three
-forwards built from them: the loss alone (forward), a training step's loss with every row's (m, s) for
-its gradient (train_forward), and the training node's, C++ from the launch to the backward
-(node_forward).
+kept: call), allocate, pack (the call's fields between the problem's) and launch, and the forwards
+built from them: the loss alone (forward), every row's (m, s) alone (row_state), a training step's
+loss with every row's (m, s) for its gradient (train_forward), and the training node's, C++ from the
+launch to the backward (node_forward).
 
 KernelBench's timing starts before the call and ends after the kernel, with an L2 flush of about 90 us
 queued ahead of both: host work that outlasts the flush shows in the time ("Build and host time"). So
@@ -16,7 +16,7 @@ import torch
 
 from .build import default_extension, device_gpu, options_extension
 from .constants import CLASS_INDICES, DTYPE_CODES, FUSED, MAX_SEG, REDUCTIONS
-from .inputs import DEFAULTS, first_bad_target, prepare, samples_shape
+from .inputs import DEFAULTS, Options, first_bad_target, prepare, samples_shape
 from .params import CALL_PARTS, PROBLEM_PARTS, workspace_layout
 from .policy import Plan, gradient_plan, plan_launch
 
@@ -31,7 +31,7 @@ def current_stream(device_index):
     return _raw_stream(device_index) if _raw_stream else torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _workspace(device_index, stream, nbytes):
+def workspace(device_index, stream, nbytes):
     """Scratch for one launch: per stream, so concurrent streams never share a counter. The caller holds
     it until the launch: inside graph capture it is not cached, and a buffer freed there would be handed
     to the next allocation of the capture."""
@@ -135,7 +135,7 @@ def _work_out(rows, options, fuse):
     default = options.weight is None and options[1:] == DEFAULTS[1:] and not rows.probs and rows.class_stride == 1
     return Problem(plan, problem_fields(rows, plan, options), rows.rows, rows.cols, x.stride(0), rows.class_stride,
                    rows.probs, rows.device, rows.result_dtype, options.reduction == "none",
-                   samples_shape(rows.original.shape), workspace_layout(plan, rows.rows), default, gradient)
+                   samples_shape(rows.original.shape), workspace_layout(plan.splits, rows.rows), default, gradient)
 
 
 def problem_fields(rows, plan, options):
@@ -181,6 +181,7 @@ def problem_fields(rows, plan, options):
         cols,                                              # grad_row_stride
         0,                                                 # class_start
         0,                                                 # classes
+        0,                                                 # ranks
     )
 
 
@@ -257,6 +258,8 @@ def pack(problem, x, targets, weight, outputs, stream, ws):
         0 if weight_total is None else weight_total.data_ptr(),  # weight_total
         0,                                                 # grad_probs
         0,                                                 # grad_in
+        0,                                                 # terms
+        0,                                                 # lse
     ) + second
 
 
@@ -267,7 +270,7 @@ def _launch(problem, logits, x, targets, weight, options, check_targets, keep_st
     if check_targets and not problem.probs:
         first_bad_target(targets, problem.cols, options.ignore_index)
     stream = current_stream(problem.device)
-    ws = _workspace(problem.device, stream, problem.workspace[3])
+    ws = workspace(problem.device, stream, problem.workspace[3])
     outputs = allocate(problem, logits, weight, options, keep_state, inplace)
     block = pack(problem, x, targets, weight, outputs, stream, ws)
     (default_extension() if problem.default and not keep_state else options_extension()).launch(block)
@@ -291,6 +294,15 @@ def forward(logits, targets, options, check_targets=False):
     problem, x, t, weight = call(logits, targets, options)
     out, outputs = _launch(problem, logits, x, t, weight, options, check_targets, options.return_lse)
     return (out, lse(outputs.state, logits.shape)) if options.return_lse else out
+
+
+def row_state(logits, targets, options):
+    """Every row's (m, s) over the logits as options.softcap reads them, rows x 2 float32, by the
+    loss's launch with no other option: it keeps every row's whatever its target. A split vocabulary's
+    (crossent.split), whose targets lie among all its classes: the loss of them as given is not read."""
+    lse_only = Options(ignore_index=options.ignore_index, reduction="sum", return_lse=True, softcap=options.softcap)
+    problem, x, t, weight = call(logits, targets, lse_only)
+    return _launch(problem, logits, x, t, weight, lse_only, False, True)[1].state
 
 
 class Written(NamedTuple):
@@ -337,7 +349,7 @@ def node_forward(logits, called, options, check_targets=False):
     if check_targets:
         first_bad_target(t, problem.cols, options.ignore_index)
     stream = current_stream(problem.device)
-    ws = _workspace(problem.device, stream, problem.workspace[3])
+    ws = workspace(problem.device, stream, problem.workspace[3])
     block = pack(problem, x, t, weight, _NOTHING, stream, ws)
     loss_shape = problem.samples_shape if problem.per_row else ()
     return options_extension().fused_loss(logits, t, weight, block, problem.gradient.group, problem.gradient.grid,

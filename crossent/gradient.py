@@ -15,14 +15,15 @@ from .policy import gradient_plan
 
 
 def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, probs_grad=False, written=None,
-                           into=None, split=None):
+                           into=None, split=None, scale=None):
     """(d loss / d logits, d loss / d targets or None): grad, the loss's incoming gradient (its
     shape); grad_lse, the log-sum-exp's (or None); state, the forward's (m, s) a row; probs_grad: also
     the probability targets' gradient; written: the fused forward's gradient (dispatch.Written), whose
     rows stand where grad is 1 and no grad_lse reaches them; into: where to write d loss / d logits,
     the logits themselves (each element is read before it is written, by the same thread). split:
     (start, V) where the logits' columns are the classes [start, start + C) of a vocabulary of V split
-    across ranks (crossent.parallel): class-index targets among all V, the class weights all V's."""
+    across ranks (crossent.parallel): class-index targets among all V, the class weights all V's.
+    scale: the mean's 1 / divisor on the device where the caller has it (a split merge's)."""
     probs = targets.dtype.is_floating_point
     target_dtype = targets.dtype
     x, t, class_stride, rows, _ = as_rows(logits, targets, probs)
@@ -35,8 +36,7 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing and not probs else None
     class_start, classes = split or (0, 0)  # the kernel reads the weights from the first column's
     grad_in = grad_out = grad.reshape(-1).contiguous()  # as given: the kernel reads its dtype
-    scale = None
-    if options.reduction == "mean":  # over the mean's divisor, on the device: no host synchronization
+    if options.reduction == "mean" and scale is None:  # over the mean's divisor on the device: no synchronization
         if written:
             scale = written.scale  # the fused forward's 1 / divisor, which the kernel multiplies by
         else:

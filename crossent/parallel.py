@@ -16,13 +16,14 @@ The backward needs no collective: a rank's gradient is its slice's, from the mer
     d loss / d y_j = (a + 2 z lse) p_j - (1 - eps) w_t [j = t] - eps / V w_j,  p_j = exp(y_j - lse)
 
 times each row's incoming gradient (and plus the lse's own, times p_j), times the cap's derivative.
-On a GPU the kernels compute lse_r (the forward's launch, one read of the slice) and the gradient
-(the gradient family's, given the merged lse as each row's (m, s) = (lse, 1) and the slice's place
-among the classes: one read, one write); u_r is a gather of the targets' logits, and with label
-smoothing one more read. Elsewhere (the CPU, float64) PyTorch's operations compute the same a chunk
-of rows at a time, in float32 (float64 for float64 logits): the temporaries stay within
-ROW_CHUNK_BYTES whatever the slice's size. inplace=True writes the gradient over the logits in the
-forward, for an incoming 1, and the backward scales it."""
+On a GPU the kernels compute it all (crossent.split): the forward's launch every row's (m, s) over
+the slice (one read), a launch its (lse_r, u_r) (a gather of the targets' logits; label smoothing's
+sum over the slice is one more read, by PyTorch's operations), a launch the merge, and the gradient
+family's the gradient (given the merged lse as each row's (m, s) = (lse, 1) and the slice's place
+among the classes: one read, one write). Elsewhere (the CPU, float64) PyTorch's operations compute
+the same a chunk of rows at a time, in float32 (float64 for float64 logits): the temporaries stay
+within ROW_CHUNK_BYTES whatever the slice's size. inplace=True writes the gradient over the logits in
+the forward, for an incoming 1, and the backward scales it."""
 import math
 from typing import NamedTuple, Optional
 
@@ -30,10 +31,11 @@ import torch
 import torch.distributed as dist
 
 from .api import kernels_take
-from .dispatch import forward
+from .dispatch import row_state
 from .gradient import cross_entropy_backward, scale_in_place
-from .inputs import (Options, check_inplace_over, check_no_weight_grad, check_options, check_targets_from_env,
+from .inputs import (check_inplace_over, check_no_weight_grad, check_options, check_targets_from_env,
                      first_bad_target, wide_dtype)
+from .split import split_merge, split_terms
 
 ROW_CHUNK_BYTES = 64 << 20  # the float32 temporaries of a chunk of rows at most (PyTorch's operations)
 # torch 2.13 renamed the gather into one tensor; the old name warns there (neither: a torch without
@@ -48,6 +50,12 @@ class Slice(NamedTuple):
     group: object    # the process group (None: the default one)
 
 
+def _kernels_take(x, t, options):
+    """Whether the kernels compute this rank's share: kernels_take's test, asked of a one-column
+    stand-in where the rank holds no class, so that every rank merges by the same launch."""
+    return kernels_take(x if x.shape[1] else x.new_empty((1, 1)), t, options) and not torch.compiler.is_compiling()
+
+
 def _capped(x, softcap):
     """The logits as the loss reads them, in float32 (float64 for float64)."""
     y = x.to(wide_dtype(x.dtype))
@@ -58,6 +66,8 @@ def _chunks(rows, cols):
     step = max(1, ROW_CHUNK_BYTES // max(1, 4 * cols))
     return [(start, min(rows, start + step)) for start in range(0, rows, step)]
 
+
+# ------------------------------------------------------------------ PyTorch's operations
 
 class RowTerms(NamedTuple):
     """What each row's loss needs beside its lse and u, the same on every rank."""
@@ -82,15 +92,10 @@ def _row_terms(t, cols, shard, options, dtype):
     return RowTerms(counted, local, w_t, a)
 
 
-def _local_lse(x, t, options, kernels):
-    """Every row's log-sum-exp over this rank's classes (-inf where it holds none): by the forward's
-    launch, the targets read as ignored (the loss's launch computes every row's (m, s) where it keeps
-    them), or a chunk of rows at a time."""
+def _local_lse(x, options):
+    """Every row's log-sum-exp over this rank's classes (-inf where it holds none), a chunk of rows at
+    a time."""
     n, cols = x.shape
-    if kernels:
-        lse_only = Options(ignore_index=options.ignore_index, reduction="sum", return_lse=True, softcap=options.softcap)
-        _, lse = forward(x, t.new_full((1,), options.ignore_index).expand(n), lse_only)
-        return lse
     lse = torch.full((n,), -math.inf, dtype=wide_dtype(x.dtype), device=x.device)
     for start, end in _chunks(n, cols) if cols else ():
         y = _capped(x[start:end], options.softcap)
@@ -100,19 +105,29 @@ def _local_lse(x, t, options, kernels):
     return lse
 
 
-def _linear_terms(x, shard, options, rows):
-    """Every row's u_r over this rank's classes: the target's term where it holds it (a gather), and
-    label smoothing's sum over its classes (one more read, a chunk of rows at a time)."""
+def _smoothing_terms(x, shard, options):
+    """Label smoothing's share of every row's u_r: eps / V times the sum of w_j y_j over this rank's
+    classes (one read, a chunk of rows at a time), in float32 (float64 for float64 logits)."""
     n, cols = x.shape
     eps = options.label_smoothing
-    y_t = _capped(x.gather(1, rows.local.clamp(min=0)[:, None])[:, 0], options.softcap) if cols else None
-    u = torch.where(rows.local >= 0, (1 - eps) * rows.w_t * y_t, 0) if cols else torch.zeros_like(rows.w_t)
-    if eps and cols:
-        w_slice = None if options.weight is None else options.weight[shard.start:shard.start + cols].to(u.dtype)
-        for start, end in _chunks(n, cols):
-            y = _capped(x[start:end], options.softcap)
-            u[start:end] += eps / shard.vocab * (y.sum(1) if w_slice is None else y @ w_slice)
+    u = torch.zeros((n,), dtype=wide_dtype(x.dtype), device=x.device)
+    w_slice = None if options.weight is None else options.weight[shard.start:shard.start + cols].to(u.dtype)
+    for start, end in _chunks(n, cols) if cols else ():
+        y = _capped(x[start:end], options.softcap)
+        u[start:end] = eps / shard.vocab * (y.sum(1) if w_slice is None else y @ w_slice)
     return u
+
+
+def _linear_terms(x, shard, options, rows):
+    """Every row's u_r over this rank's classes: the target's term where it holds it (a gather), and
+    label smoothing's sum over its classes."""
+    cols = x.shape[1]
+    if not cols:
+        return torch.zeros_like(rows.w_t)
+    eps = options.label_smoothing
+    y_t = _capped(x.gather(1, rows.local.clamp(min=0)[:, None])[:, 0], options.softcap)
+    u = torch.where(rows.local >= 0, (1 - eps) * rows.w_t * y_t, 0)
+    return u + _smoothing_terms(x, shard, options) if eps else u
 
 
 def _merge(gathered):
@@ -121,20 +136,39 @@ def _merge(gathered):
     return torch.logsumexp(gathered[:, :, 0], 0), gathered[:, :, 1].sum(0)
 
 
-def _gradient(x, t, lse, grad, grad_lse, divisor, shard, options, rows, kernels, inplace=False):
-    """d loss / d x over this rank's classes, written over x where `inplace` (contiguous logits): grad,
-    the loss's incoming gradient (its shape); grad_lse, the lse's (or None). The kernels' gradient
-    family reads the merged lse as every row's (m, s) = (lse, 1), the targets among all V classes."""
-    if kernels:
-        state = torch.stack((lse, torch.ones_like(lse)), 1)  # (float32: the kernels' dtypes' wide one)
-        dx, _ = cross_entropy_backward(grad, grad_lse, x, t, state, options, into=x if inplace else None,
-                                       split=(shard.start, shard.vocab))
-        return dx
+def _composite_forward(x, t, shard, options):
+    """(loss, lse, divisor) by PyTorch's operations: the loss in float32 (float64 for float64 logits),
+    reduction none's a row, and the mean's divisor."""
+    n, cols = x.shape
+    dtype = wide_dtype(x.dtype)
+    rows = _row_terms(t, cols, shard, options, dtype)
+    terms = torch.stack((_local_lse(x, options), _linear_terms(x, shard, options, rows)), 1)
+    world = dist.get_world_size(shard.group)
+    gathered = torch.empty((world * n * 2,), dtype=dtype, device=x.device)
+    _all_gather(gathered, terms.reshape(-1), group=shard.group)  # the one collective
+    lse, u = _merge(gathered.view(world, n, 2))
+    per_row = rows.a * lse - u
+    if options.z_loss:  # (not 0 * lse**2: inf past float32's range, and NaN)
+        per_row = per_row + options.z_loss * lse**2
+    per_row = torch.where(rows.counted, per_row, 0)
+    divisor = torch.where(rows.counted, rows.w_t, 0).sum()
+    if options.reduction == "none":
+        return per_row, lse, divisor
+    return (per_row.sum() if options.reduction == "sum" else per_row.sum() / divisor), lse, divisor
+
+
+def _gradient(x, t, lse, grad, grad_lse, divisor, shard, options, inplace=False):
+    """d loss / d x over this rank's classes by PyTorch's operations, written over x where `inplace`:
+    grad, the loss's incoming gradient (its shape); grad_lse, the lse's (or None); divisor, the mean's."""
     out = x if inplace else torch.empty_like(x)
     dtype = wide_dtype(x.dtype)
     eps, z, softcap = options.label_smoothing, options.z_loss, options.softcap
     n, cols = x.shape
-    per_row = _per_row(grad, options.reduction, rows, divisor, n)
+    rows = _row_terms(t, cols, shard, options, dtype)
+    scale = grad.to(dtype)
+    if options.reduction == "mean":
+        scale = scale / divisor
+    per_row = torch.where(rows.counted, scale.expand(n) if options.reduction != "none" else scale.reshape(n), 0)
     w_slice = None if options.weight is None else options.weight[shard.start:shard.start + cols].to(dtype)
     for start, end in _chunks(n, cols):
         y = _capped(x[start:end], softcap)
@@ -156,22 +190,34 @@ def _gradient(x, t, lse, grad, grad_lse, divisor, shard, options, rows, kernels,
     return out
 
 
-def _per_row(grad, reduction, rows, divisor, n):
-    """Each row's incoming gradient of its loss: the loss's, over the mean's divisor, 0 where ignored."""
-    scale = grad.to(rows.a.dtype)
-    if reduction == "mean":
-        scale = scale / divisor
-    return torch.where(rows.counted, scale.expand(n) if reduction != "none" else scale.reshape(n), 0)
+# ------------------------------------------------------------------ the kernels
+
+def _kernel_forward(x, t, shard, options):
+    """split.Merged by the kernels (in the loss's dtype; reduction none's a row in float32)."""
+    n, cols = x.shape
+    terms = split_terms(x, t, row_state(x, t, options) if cols else None, shard.start, shard.vocab, options)
+    if options.label_smoothing and cols:
+        terms[:, 1] += _smoothing_terms(x, shard, options)
+    world = dist.get_world_size(shard.group)
+    gathered = torch.empty((world * n * 2,), dtype=torch.float32, device=x.device)
+    _all_gather(gathered, terms.reshape(-1), group=shard.group)  # the one collective
+    return split_merge(gathered, t, shard.vocab, world, options, x.dtype)
 
 
-def _divisor(rows):
-    return torch.where(rows.counted, rows.w_t, 0).sum()
+def _kernel_gradient(x, t, state, scale, grad, grad_lse, shard, options, inplace=False):
+    """d loss / d x over this rank's classes by the gradient family, from the merge's row state and
+    the mean's 1 / divisor (scale), written over x where `inplace`."""
+    if not x.shape[1]:
+        return x if inplace else torch.empty_like(x)
+    dx, _ = cross_entropy_backward(grad, grad_lse, x, t, state, options, into=x if inplace else None,
+                                   split=(shard.start, shard.vocab), scale=scale)
+    return dx
 
 
 def _scale(x, grad, reduction, kernels):
     """The gradient written over the logits for an incoming 1, times the incoming `grad`, in place."""
     if kernels:
-        return scale_in_place(x, grad, reduction)
+        return scale_in_place(x, grad, reduction) if x.numel() else x
     dtype = wide_dtype(x.dtype)
     g = grad.to(dtype).reshape(-1, 1) if reduction == "none" else grad.to(dtype)
     for start, end in _chunks(*x.shape):  # the product in float32, rounded once
@@ -180,33 +226,27 @@ def _scale(x, grad, reduction, kernels):
 
 
 class VocabParallelFunction(torch.autograd.Function):
-    """The loss and every row's lse of a rank's slice, with their gradient. forward takes ctx itself."""
+    """The loss and every row's lse of a rank's slice, with their gradient. forward takes ctx itself.
+    Saved for the backward beside the logits and targets: the kernels' row state and the mean's
+    1 / divisor, or the lse and the mean's divisor."""
     @staticmethod
     def forward(ctx, x, t, shard, options, inplace):
-        dtype = wide_dtype(x.dtype)
-        n, cols = x.shape
-        kernels = kernels_take(x, t, options) and not torch.compiler.is_compiling()  # (not on fake tensors)
-        rows = _row_terms(t, cols, shard, options, dtype)
-        terms = torch.stack((_local_lse(x, t, options, kernels).to(dtype), _linear_terms(x, shard, options, rows)), 1)
-        world = dist.get_world_size(shard.group)
-        gathered = torch.empty((world * n * 2,), dtype=dtype, device=x.device)
-        _all_gather(gathered, terms.reshape(-1), group=shard.group)  # the one collective
-        lse, u = _merge(gathered.view(world, n, 2))
-        per_row = rows.a * lse - u
-        if options.z_loss:  # (not 0 * lse**2: inf past float32's range, and NaN)
-            per_row = per_row + options.z_loss * lse**2
-        per_row = torch.where(rows.counted, per_row, 0)
-        divisor = _divisor(rows)
-        if options.reduction == "none":
-            loss = per_row
+        kernels = _kernels_take(x, t, options)
+        if kernels:
+            loss, lse, state, scale = _kernel_forward(x, t, shard, options)
+            saved = (state, scale)
         else:
-            loss = per_row.sum() if options.reduction == "sum" else per_row.sum() / divisor
+            loss, lse, divisor = _composite_forward(x, t, shard, options)
+            saved = (lse, divisor)
         ctx.inplace = inplace and ctx.needs_input_grad[0]
         if ctx.inplace:  # the gradient for an incoming 1 of the loss, over the logits
             ones = torch.ones(loss.shape, dtype=torch.float32, device=x.device)
-            _gradient(x, t, lse, ones, None, divisor, shard, options, rows, kernels, inplace=True)
+            if kernels:
+                _kernel_gradient(x, t, state, scale, ones, None, shard, options, inplace=True)
+            else:
+                _gradient(x, t, lse, ones, None, divisor, shard, options, inplace=True)
             torch.autograd.graph.increment_version(x)
-        ctx.save_for_backward(None if ctx.inplace else x, t, options.weight, lse, divisor)
+        ctx.save_for_backward(None if ctx.inplace else x, t, options.weight, *saved)
         ctx.x = x if ctx.inplace else None
         ctx.shard, ctx.options, ctx.kernels = shard, options._replace(weight=None), kernels
         ctx.set_materialize_grads(False)
@@ -214,10 +254,11 @@ class VocabParallelFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, grad_lse):
-        x, t, weight, lse, divisor = ctx.saved_tensors
+        x, t, weight, first, second = ctx.saved_tensors
         options = ctx.options._replace(weight=weight)
         if grad is None:
-            grad = torch.zeros(lse.shape if options.reduction == "none" else (), dtype=lse.dtype, device=lse.device)
+            dtype = torch.float32 if ctx.kernels else first.dtype
+            grad = torch.zeros(t.shape if options.reduction == "none" else (), dtype=dtype, device=t.device)
         if ctx.inplace:
             x, ctx.x = ctx.x, None
             if x is None:
@@ -227,8 +268,10 @@ class VocabParallelFunction(torch.autograd.Function):
                 raise RuntimeError("inplace=True wrote the gradient over the logits, and the lse's gradient needs "
                                    "them: leave inplace off where the returned lse reaches the result")
             return _scale(x, grad, options.reduction, ctx.kernels), None, None, None, None
-        rows = None if ctx.kernels else _row_terms(t, x.shape[1], ctx.shard, options, lse.dtype)
-        dx = _gradient(x, t, lse, grad, grad_lse, divisor, ctx.shard, options, rows, ctx.kernels)
+        if ctx.kernels:
+            dx = _kernel_gradient(x, t, first, second, grad, grad_lse, ctx.shard, options)
+        else:
+            dx = _gradient(x, t, first, grad, grad_lse, second, ctx.shard, options)
         return dx, None, None, None, None
 
 

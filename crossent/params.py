@@ -59,7 +59,7 @@ PARTS = (
         # The gradient's (kFamilyGradient); the fused family's too: grad, grad_out, weight_total.
         ("grad", "void*", "Q", "d loss / d logits, the logits' dtype, rows grad_row_stride elements apart"),
         ("grad_out", "void*", "Q", "the loss's incoming gradient in grad_dtype: one, or one a row; a fused "
-                                   "launch of the mean stores its 1 / divisor there first, in float32"),
+                                   "launch of the mean (and a split merge) stores its 1 / divisor there, in float32"),
         ("grad_scale", "const float*", "Q", "the mean's 1 / divisor, which grad_out's gradient is multiplied by; "
                                             "null: 1"),
         ("grad_lse", "const float*", "Q", "the log-sum-exp's incoming gradient, one a row; null: none"),
@@ -67,6 +67,10 @@ PARTS = (
         ("grad_probs", "void*", "Q", "d loss / d probabilities, their dtype, laid out as grad; null: not asked"),
         ("grad_in", "const void*", "Q", "after a fused forward: the loss's incoming gradient as given, in "
                                         "grad_dtype; rows where it is 1 hold theirs. null: none"),
+        # A split vocabulary's (kFamilySplitTerms, kFamilySplitMerge).
+        ("terms", "float2*", "Q", "each row's (lse_r, u_r) over a rank's classes: the terms kernel's for its "
+                                  "rank, the merge's input for every rank (ranks x rows)"),
+        ("lse", "float*", "Q", "the merge's: every row's log-sum-exp over all the classes"),
     ),
     (  # a problem's
         ("ignore_index", "long long", "q", "targets to skip"),
@@ -84,9 +88,11 @@ PARTS = (
         ("softcap_rate", "float", "f", "... 2 log2(e) / softcap"),
         ("grad_row_stride", "long long", "q", "the gradient's: elements from a row to the next (the logits' "
                                               "class_stride and the same positions)"),
-        ("class_start", "long long", "q", "the gradient's: the first class the columns hold, of `classes`"),
+        ("class_start", "long long", "q", "the gradient's and a split's terms: the first class the columns hold, of "
+                                          "`classes`"),
         ("classes", "long long", "q", "... the classes of a vocabulary split across ranks, targets among them all; "
                                       "0: not split (the columns are the classes)"),
+        ("ranks", "int", "i", "the merge's: the ranks whose terms it reads"),
     ),
 )
 PARAMS = sum(PARTS, ())
@@ -114,14 +120,14 @@ def preamble(options=False):
             f"constexpr cudaDeviceAttr kDeviceAttributes[] = {{{attributes}}};\n")
 
 
-def workspace_layout(plan, rows):
+def workspace_layout(splits, rows):
     """Byte offsets of the exact sum, the weights' exact sum and the segment partials, and the bytes
     in all. The counters fill the first 16 bytes (CTAs arrived, chunks claimed, rows ignored:
-    64-bit), each exact sum's words the next 80 (16-byte loads), and split rows have an (m, s, x_t)
-    partial per segment."""
+    64-bit), each exact sum's words the next 80 (16-byte loads), and rows split into `splits`
+    segments (a plan's; 1: whole rows) have an (m, s, x_t) partial per segment."""
     exact_off = 16
     weight_off = exact_off + 8 * EXACT_WORDS
     seg_off = weight_off + 8 * EXACT_WORDS
-    seg_bytes = 16 * rows * plan.splits if plan.splits > 1 else 0
+    seg_bytes = 16 * rows * splits if splits > 1 else 0
     return exact_off, weight_off, seg_off, seg_off + seg_bytes
 

@@ -1,15 +1,15 @@
 """The launch policy: for each problem the kernel family (plan_launch: _family), then the kind of load
-(_evict_first), then that family's launch shape; and the gradient's and the fused family's launches
-(gradient_plan, _fused_plan). Pure functions of the problem's shape and of a Gpu's figures: no
-device is needed to read or test them. The figures behind each rule are in docs/design, in the
-section the comment names."""
+(_evict_first), then that family's launch shape; and the gradient's, the fused family's and a split
+vocabulary's launches (gradient_plan, _fused_plan, split_grid). Pure functions of the problem's shape
+and of a Gpu's figures: no device is needed to read or test them. The figures behind each rule are in
+docs/design, in the section the comment names."""
 from typing import NamedTuple
 
 from .constants import (BATCH, CTAS_PER_SM, CTAS_PER_SM_MORE_REGISTERS, ELEMENT_SWEEPS, FUSED, FUSED_CLUSTER_CTAS,
                         FUSED_VECS, GRADIENT, GRADIENT_VECS, MAX_SEG, ONE_ROW, ONE_ROW_THREADS, ONE_ROW_THREADS_SM75,
                         PAIR_SWEEPS, QUAD, QUAD_CLASSES, QUAD_STAGE_BYTES, ROW_BATCH_LOADS, ROW_BATCHES, ROWS, SCALE,
-                        SEG_SLAB, SHORT_TAIL, STREAM_VECS, STREAMED, THREADS, TILE_MIN_ROWS, TILE_TARGETS, TILES,
-                        VECTOR_SWEEPS)
+                        SEG_SLAB, SHORT_TAIL, SPLIT_CTAS, SPLIT_MERGE, SPLIT_TERMS, STREAM_VECS, STREAMED, THREADS,
+                        TILE_MIN_ROWS, TILE_TARGETS, TILES, VECTOR_SWEEPS)
 
 # The host's alone:
 _VECS_PER_THREAD = 16     # vectors a thread per row in registers: two batches ("Launch shape") ...
@@ -40,6 +40,8 @@ _CTA_SHARED_BYTES = {
     GRADIENT: 1024,
     FUSED: 1024,
     SCALE: 1024,
+    SPLIT_TERMS: 1024,
+    SPLIT_MERGE: 1024,
 }
 
 
@@ -184,6 +186,13 @@ def gradient_plan(rows, cols, elem_bytes, gpu, class_stride):
     group = 1 if class_stride > 1 else min(32, _pow2_at_least(-(-cols // (16 // elem_bytes * GRADIENT_VECS))))
     grid = max(1, min(_max_grid(GRADIENT, gpu), -(-rows // (THREADS // group))))
     return Plan(GRADIENT, False, grid, group, chunks=0)
+
+
+def split_grid(rows):
+    """A split vocabulary's row launches (families/split.cuh): a thread a row, at most SPLIT_CTAS CTAs,
+    and one where there is no row (the merge's last CTA stores the loss). The same on every GPU: the
+    merge's sums follow the grid, and every rank must get the same bits."""
+    return max(1, min(SPLIT_CTAS, -(-rows // THREADS)))
 
 
 def _fused_plan(rows, cols, elem_bytes, gpu, capped=False):

@@ -252,8 +252,8 @@ def _case_kernels_in(rank, world, dtype):
     """Two ranks on one GPU: every option, where the targets and maxima lie, a target outside [0, V) (its
     row NaN) and column-major logits, by the kernels' path (its gradients counted), the two numbers a
     row gathered through the host, as gloo moves them."""
-    gather, backward = parallel._all_gather, parallel.cross_entropy_backward
-    launches = []
+    gather, backward, merge = parallel._all_gather, parallel.cross_entropy_backward, parallel.split_merge
+    launches, merges = [], []
 
     def through_host(out, local, group=None):
         host = torch.empty(out.shape, dtype=out.dtype)
@@ -262,6 +262,7 @@ def _case_kernels_in(rank, world, dtype):
 
     parallel._all_gather = through_host
     parallel.cross_entropy_backward = lambda *a, **k: launches.append(k["split"]) or backward(*a, **k)
+    parallel.split_merge = lambda *a: merges.append(a[2:4]) or merge(*a)
     vocab, sizes = 50257, [25129, 25128]
     _case_every_option(rank, world, "cuda:0", dtype, vocab, sizes)
     start, size = _slices(vocab, sizes)[rank]
@@ -279,10 +280,39 @@ def _case_kernels_in(rank, world, dtype):
     others = torch.arange(13, device=t.device) != 5
     assert loss_bad[5].isnan() and dx_bad[5].isnan().all(), (loss_bad[5], dx_bad[5])
     assert torch.equal(loss_bad[others], loss[others]) and torch.equal(dx_bad[others], dx[others])
-    assert set(launches) == {(25129 * rank, 50257)}
+    assert set(launches) == {(25129 * rank, 50257)} and set(merges) == {(50257, 2)}
+    start, size = _slices(vocab, [vocab, 0])[rank]  # rank 1 holds no class, and merges as rank 0 does
+    _check(rank, full, t, start, size, dict(reduction="none", return_lse=True), dtype, tolerance)
     if dtype == torch.float32:
         _case_where_the_targets_and_maxima_lie(rank, world, "cuda:0", dtype)
-    parallel._all_gather, parallel.cross_entropy_backward = gather, backward
+    parallel._all_gather, parallel.cross_entropy_backward, parallel.split_merge = gather, backward, merge
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_kernels_step_is_four_launches_and_the_gather():
+    _spawn("_case_launches_on_one_gpu", 1, "nccl")
+
+
+def _case_launches_on_one_gpu(rank, world):
+    """A step by the kernels, on one rank: the forward's row state, the terms, the merge and the
+    gradient, with the all-gather and the incoming gradient's fill beside them; none of the rows'
+    operations that PyTorch's path takes."""
+    from torch.profiler import ProfilerActivity, profile
+    vocab = 1000
+    full, t = _problem(64, vocab, torch.bfloat16, "cuda:0")
+    x = full.clone().requires_grad_()
+    weight = _kwargs(dict(weight=True), vocab, torch.bfloat16, "cuda:0")["weight"]
+    vocab_parallel_cross_entropy(x, t, 0, vocab).backward()  # the communicator and the builds, outside the profile
+    for kwargs in (dict(), dict(weight=weight, reduction="sum", z_loss=1e-3, softcap=3.0)):
+        x.grad = None
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            vocab_parallel_cross_entropy(x, t, 0, vocab, **kwargs).backward()
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        ours = [name for name in names if "cross_entropy" in name]
+        others = [name for name in names if "cross_entropy" not in name and not name.startswith("Memcpy")]
+        assert len(ours) == 4 and len(others) <= 2, (kwargs.keys(), ours, others)
 
 
 # ------------------------------------------------------------------ on two GPUs: NCCL

@@ -193,7 +193,7 @@ def test_plan_on_reads_the_device(monkeypatch):
 @pytest.mark.parametrize("rows, cols", [(1, 3), (5, 4096), (70000, 3), (70000, 4096), (5, 300000), (32768, 4096)])
 def test_workspace_layouts_are_aligned(rows, cols):
     p = plan(rows, cols, 4, False)
-    exact_off, weight_off, seg_off, nbytes = params.workspace_layout(p, rows)
+    exact_off, weight_off, seg_off, nbytes = params.workspace_layout(p.splits, rows)
     # The counters first (16 bytes), then each exact sum's words, read 16 bytes at a time.
     assert exact_off == 16 and EXACT_WORDS % 2 == 0
     assert weight_off == exact_off + 8 * EXACT_WORDS and weight_off % 16 == 0

@@ -8,7 +8,7 @@
 namespace {
 
 // The options build's families, which it puts ahead of this file (families/streamed.cuh, gradient.cuh,
-// fused.cuh, scale.cuh); the default build has none of them and never names them (kOptions).
+// fused.cuh, scale.cuh, split.cuh); the default build has none of them and never names them (kOptions).
 template <class E>
 void launch_streamed(const Params& p);
 template <class E>
@@ -17,6 +17,8 @@ template <class E>
 void launch_fused(const Params& p);
 template <class E>
 void launch_scale(const Params& p);
+template <class E>
+void launch_split(const Params& p);
 
 // The instance the plan names: its family and the family's compile-time choice. Plain loads have
 // no instance without the lead: there a lone thread's lead is 0 anyway (item_layout), and the
@@ -64,6 +66,7 @@ void launch_for_family(const Params& p) {
     if (p.family == kFamilyGradient) return launch_gradient<E>(p);
     if (p.family == kFamilyFused) return launch_fused<E>(p);
     if (p.family == kFamilyScale) return launch_scale<E>(p);
+    if (p.family == kFamilySplitTerms || p.family == kFamilySplitMerge) return launch_split<E>(p);
   }
   if (p.target_bytes == 8) launch_for_loads<E, long long>(p);
   else launch_for_loads<E, int>(p);
@@ -86,7 +89,8 @@ std::string device_attributes(int device) {
 // The launch of a parameter block, checked against the instances this build has.
 void launch_params(const Params& p) {
   const bool options_family = kOptions && (p.family == kFamilyStreamed || p.family == kFamilyGradient ||
-                                            p.family == kFamilyFused || p.family == kFamilyScale);
+                                            p.family == kFamilyFused || p.family == kFamilyScale ||
+                                            p.family == kFamilySplitTerms || p.family == kFamilySplitMerge);
   const bool known = (p.family == kFamilyRows || p.family == kFamilyTiles || p.family == kFamilyRowBatches ||
                       p.family == kFamilyOneRow || options_family) &&
                      (p.dtype == kFloat32 || p.dtype == kBFloat16 || p.dtype == kFloat16) &&
@@ -99,7 +103,8 @@ void launch_params(const Params& p) {
                        (p.group & (p.group - 1)) == 0 &&
                        (p.group <= kThreads || (p.softcap == 0.f && p.grid % (p.group / kThreads) == 0)) &&
                        p.probs_dtype == kClassIndices &&
-                       p.class_stride == 1));
+                       p.class_stride == 1)) &&
+                     (p.family != kFamilySplitMerge || p.ranks >= 1);
   if (!known) throw std::invalid_argument("cross-entropy launch: unknown kernel family or dtype");
   int previous = 0;
   cudaGetDevice(&previous);
