@@ -137,8 +137,8 @@ def _merge(gathered):
 
 
 def _composite_forward(x, t, shard, options):
-    """(loss, lse, divisor) by PyTorch's operations: the loss in float32 (float64 for float64 logits),
-    reduction none's a row, and the mean's divisor."""
+    """(loss, lse, divisor, rows) by PyTorch's operations: the loss in float32 (float64 for float64
+    logits), reduction none's a row, the mean's divisor, and the rows' RowTerms."""
     n, cols = x.shape
     dtype = wide_dtype(x.dtype)
     rows = _row_terms(t, cols, shard, options, dtype)
@@ -150,21 +150,21 @@ def _composite_forward(x, t, shard, options):
     per_row = rows.a * lse - u
     if options.z_loss:  # (not 0 * lse**2: inf past float32's range, and NaN)
         per_row = per_row + options.z_loss * lse**2
-    per_row = torch.where(rows.counted, per_row, 0)
+    loss = torch.where(rows.counted, per_row, 0)
     divisor = torch.where(rows.counted, rows.w_t, 0).sum()
-    if options.reduction == "none":
-        return per_row, lse, divisor
-    return (per_row.sum() if options.reduction == "sum" else per_row.sum() / divisor), lse, divisor
+    if options.reduction != "none":
+        loss = loss.sum() if options.reduction == "sum" else loss.sum() / divisor
+    return loss, lse, divisor, rows
 
 
-def _gradient(x, t, lse, grad, grad_lse, divisor, shard, options, inplace=False):
+def _gradient(x, lse, grad, grad_lse, divisor, shard, options, rows, inplace=False):
     """d loss / d x over this rank's classes by PyTorch's operations, written over x where `inplace`:
-    grad, the loss's incoming gradient (its shape); grad_lse, the lse's (or None); divisor, the mean's."""
+    grad, the loss's incoming gradient (its shape); grad_lse, the lse's (or None); divisor, the mean's;
+    rows, the rows' RowTerms."""
     out = x if inplace else torch.empty_like(x)
     dtype = wide_dtype(x.dtype)
     eps, z, softcap = options.label_smoothing, options.z_loss, options.softcap
     n, cols = x.shape
-    rows = _row_terms(t, cols, shard, options, dtype)
     scale = grad.to(dtype)
     if options.reduction == "mean":
         scale = scale / divisor
@@ -236,7 +236,7 @@ class VocabParallelFunction(torch.autograd.Function):
             loss, lse, state, scale = _kernel_forward(x, t, shard, options)
             saved = (state, scale)
         else:
-            loss, lse, divisor = _composite_forward(x, t, shard, options)
+            loss, lse, divisor, rows = _composite_forward(x, t, shard, options)
             saved = (lse, divisor)
         ctx.inplace = inplace and ctx.needs_input_grad[0]
         if ctx.inplace:  # the gradient for an incoming 1 of the loss, over the logits
@@ -244,7 +244,7 @@ class VocabParallelFunction(torch.autograd.Function):
             if kernels:
                 _kernel_gradient(x, t, state, scale, ones, None, shard, options, inplace=True)
             else:
-                _gradient(x, t, lse, ones, None, divisor, shard, options, inplace=True)
+                _gradient(x, lse, ones, None, divisor, shard, options, rows, inplace=True)
             torch.autograd.graph.increment_version(x)
         ctx.save_for_backward(None if ctx.inplace else x, t, options.weight, *saved)
         ctx.x = x if ctx.inplace else None
@@ -271,7 +271,8 @@ class VocabParallelFunction(torch.autograd.Function):
         if ctx.kernels:
             dx = _kernel_gradient(x, t, first, second, grad, grad_lse, ctx.shard, options)
         else:
-            dx = _gradient(x, t, first, grad, grad_lse, second, ctx.shard, options)
+            rows = _row_terms(t, x.shape[1], ctx.shard, options, first.dtype)
+            dx = _gradient(x, first, grad, grad_lse, second, ctx.shard, options, rows)
         return dx, None, None, None, None
 
 

@@ -24,7 +24,8 @@ def split_terms(x, t, state, class_start, classes, options):
     """Every row's (lse_r, u_r) over this rank's classes, rows x 2 float32: x, its logits (rows x
     cols, any strides); t, the rows' targets among all `classes`, from `class_start` on here; state,
     the rows' (m, s) over the rank's classes (dispatch.row_state), None where it holds none. u_r leaves
-    out label smoothing's sum over the classes, which the caller adds."""
+    out label smoothing's sum over the classes, which the caller adds. Both launches read the class
+    weights of all V classes from the first (the gradient's, from the slice's first column)."""
     rows, cols = x.shape
     terms = torch.empty((rows, 2), dtype=torch.float32, device=x.device)
     if rows:
