@@ -43,6 +43,13 @@ def test_the_defaults_are_kernelbenchs_problem_and_anything_else_an_option():
     for kwargs in [{"ignore_index": 0}, {"reduction": "sum"}, {"z_loss": 1e-4}, {"return_lse": True},
                    {"weight": torch.ones(3)}, {"label_smoothing": 0.1}, {"softcap": 30.0}]:
         assert inputs.check_options(**kwargs) is not inputs.DEFAULTS, kwargs
+    # The defaults' other spellings, and what only looks like them: as the full checks take them.
+    for kwargs in [{"z_loss": 0}, {"z_loss": -0.0}, {"label_smoothing": -0.5}, {"label_smoothing": 0},
+                   {"return_lse": 0}, {"softcap": None, "weight": None}]:
+        assert inputs.check_options(**kwargs) is inputs.DEFAULTS, kwargs
+    for kwargs in [{"z_loss": False}, {"label_smoothing": False}, {"ignore_index": -100.0}, {"z_loss": "0"}]:
+        with pytest.raises(TypeError):
+            inputs.check_options(**kwargs)
 
 
 def test_modelnew_keeps_the_weight_as_a_buffer():
