@@ -2,7 +2,9 @@
 loss and its backward into the logits' gradient), with the defaults and with each option, on logits
 small enough that the GPU waits on the host (1024 x 1000 bf16 by default). Each figure is the least of
 `rounds` rounds of `calls` calls followed by one synchronization, crossent and F.cross_entropy taking
-turns within each round. KernelBench's entry (ModelNew) is timed too, for the forward.
+turns within each round. KernelBench's entry (ModelNew) is timed too, for the forward; beside each step,
+the step of the simplest loss there is, `x.sum()` (a reduction, whose backward is a view and the
+gradient's accumulation): what autograd's `backward()` costs the host whatever the loss.
 
     python3 bench/host.py --json bench/results/h200_host.json
 """
@@ -46,6 +48,7 @@ def run(rows=1024, cols=1000, dtype=torch.bfloat16, calls=300, rounds=5):
     t = torch.randint(0, cols, (rows,), device="cuda")
     weight = (torch.rand(cols, device="cuda") + 0.5).to(dtype)
     leaf = x.clone().requires_grad_()
+    unit = torch.ones((), device="cuda", dtype=dtype)
     results = []
     for name, kwargs in CASES:
         kwargs = {k: weight if k == "weight" else v for k, v in kwargs.items()}
@@ -62,8 +65,12 @@ def run(rows=1024, cols=1000, dtype=torch.bfloat16, calls=300, rounds=5):
         if not kwargs:
             model = crossent.ModelNew()
             forward["ModelNew"] = lambda: model(x, t)
-        for kind, functions in (("forward", forward),
-                                ("step", {"crossent": step(crossent.cross_entropy), "eager": step(F.cross_entropy)})):
+        def sum_step():
+            leaf.grad = None
+            leaf.sum().backward(unit)
+
+        steps = {"crossent": step(crossent.cross_entropy), "eager": step(F.cross_entropy), "x.sum()": sum_step}
+        for kind, functions in (("forward", forward), ("step", steps)):
             us = per_call_us(functions, calls, rounds)
             results.append({"case": name, "kind": kind, **{f"{k}_us": v for k, v in us.items()}})
             print(f"{name:16s} {kind:8s} " + "  ".join(f"{k} {v:6.1f} us" for k, v in us.items()), flush=True)

@@ -67,6 +67,8 @@ def kind(data):
             return "hf"
         if "host" in data:
             return "host"
+        if "quack" in data:
+            return "step"
         return "run_eval" if "timings" in data else "ab" if data.keys() & {"timing", "build_times", "runs"} else None
     first = data[0] if data else {}
     return next((name for key, name in (("options", "options"), ("copy_ms", "train"), ("shape", "kdim"),
@@ -79,8 +81,9 @@ def provenance(files):
         got = {}
         for name, data in files.items():
             for rec in data if isinstance(data, list) else [data]:
-                if rec.get(field) is not None:
-                    got.setdefault(str(rec[field]), set()).add(name)
+                got.setdefault(str(rec[field]) if rec.get(field) is not None else "not recorded", set()).add(name)
+        if set(got) == {"not recorded"}:
+            return None
         if len(got) < 2:
             return next(iter(got), None)
         return "; ".join(f"{v} ({', '.join(sorted(n))})" for v, n in got.items())
@@ -119,7 +122,7 @@ def run_eval_table(files, backward, headline=False):
     return table([header[i] for i in keep], [[row[i] for i in keep] for row in rows])
 
 
-def train_table(rows, headline=False):
+def train_table(rows):
     """bench/sweep.py --train: each step's mean over the copy timed in its phase (the median in brackets)."""
     out = []
     for (n, c, d), got in by(rows, lambda r: (r["N"], r["C"], r["dtype"])).items():
@@ -127,12 +130,34 @@ def train_table(rows, headline=False):
         over = {k: times(r["mean_ms"] / r["copy_ms"]) for k, r in got.items()}
         out.append([f"{n} x {c}", d, ms(m["copy_ms"]), ms(m["mean_ms"]),
                     f"{over['model_new']} ({times(m['median_ms'] / m['copy_ms'])})",
-                    over.get("compile", ""), over.get("eager", "")]
-                   + ([] if headline else [" / ".join(f"{got[k]['peak_extra_bytes'] / logits:.2f}" if k in got
-                                                      else "-" for k in ("model_new", "compile", "eager")),
-                                           yes(all(r["correct"] for r in got.values()))]))
-    header = ["logits", "dtype", "copy", "ModelNew", "ModelNew / copy (median)", "torch.compile / copy", "eager / copy"]
-    return table(header + ([] if headline else ["extra memory / logits (ModelNew / compile / eager)", "correct"]), out)
+                    over.get("compile", ""), over.get("eager", ""),
+                    " / ".join(f"{got[k]['peak_extra_bytes'] / logits:.2f}" if k in got else "-"
+                               for k in ("model_new", "compile", "eager")),
+                    yes(all(r["correct"] for r in got.values()))])
+    return table(["logits", "dtype", "copy", "ModelNew", "ModelNew / copy (median)", "torch.compile / copy",
+                  "eager / copy", "extra memory / logits (ModelNew / compile / eager)", "correct"], out)
+
+
+def train_headline(files):
+    """The training sweeps side by side, a column group per GPU: each step's mean over the copy (ModelNew's
+    median in brackets)."""
+    shapes = {}
+    for rows in files.values():
+        for key, got in by(rows, lambda r: (r["N"], r["C"], r["dtype"])).items():
+            shapes.setdefault(key, []).append(got)
+    header, body = ["logits", "dtype"], []
+    for rows in files.values():
+        gpu = rows[0]["device"].removeprefix("NVIDIA ") if rows[0].get("device") else "H100 80GB HBM3"
+        header += [f"{gpu}: ModelNew / copy (median)", "torch.compile / copy", "eager / copy"]
+    for (n, c, d), gots in shapes.items():
+        row = [f"{n} x {c}", d]
+        for got in gots:
+            over = {k: times(r["mean_ms"] / r["copy_ms"]) for k, r in got.items()}
+            m = got["model_new"]
+            row += [f"{over['model_new']} ({times(m['median_ms'] / m['copy_ms'])})", over.get("compile", ""),
+                    over.get("eager", "")]
+        body.append(row)
+    return table(header, body)
 
 
 def options_tables(rows):
@@ -216,11 +241,21 @@ def host_table(r):
     for case, kinds in rows.items():
         fwd, step = kinds["forward"], kinds["step"]
         model = f"{fwd['ModelNew_us']:.1f}" if "ModelNew_us" in fwd else ""
+        summed = f"{step['x.sum()_us']:.1f}" if "x.sum()_us" in step else ""
         body.append([case, f"{fwd['crossent_us']:.1f}", model, f"{fwd['eager_us']:.1f}",
                      times(fwd["crossent_us"] / fwd["eager_us"]), f"{step['crossent_us']:.1f}",
-                     f"{step['eager_us']:.1f}", times(step["crossent_us"] / step["eager_us"])])
+                     f"{step['eager_us']:.1f}", times(step["crossent_us"] / step["eager_us"]), summed])
     return table(["options", "forward", "ModelNew", "eager", "forward / eager", "step", "eager step",
-                  "step / eager"], body)
+                  "step / eager", "x.sum()'s step"], body)
+
+
+def step_table(r):
+    """bench/step.py: per shape, the copy's median and each step's over it; quack's one kernel where it ran."""
+    names = list(dict.fromkeys(k for row in r["rows"] for k in row["median_ms"] if k != "copy"))
+    body = [[f"{row['N']} x {row['C']}", row["dtype"], ms(row["median_ms"]["copy"])]
+            + [times(row["median_ms"][k] / row["median_ms"]["copy"]) if k in row["median_ms"] else "" for k in names]
+            for row in r["rows"]]
+    return table(["logits", "dtype", "copy"] + names, body)
 
 
 def linear_table(rows):
@@ -267,7 +302,7 @@ def headlines(results):
                        + run_eval_table(fwd, backward=False, headline=True),
             "training": "`python3 bench/sweep.py --train`: the step (the loss and `loss.backward()`), its mean over "
                         f"a copy of the logits, `y.copy_(x)`, timed in the same phase. {provenance(train)}\n\n"
-                        + "\n\n".join(train_table(rows, headline=True) for rows in train.values())}
+                        + train_headline(train)}
 
 
 def results_md(root, results):
@@ -323,11 +358,18 @@ def results_md(root, results):
                 "masks, once per loss in the table. The float64 runs' distances are what rounding alone moves the "
                 "curve (of the loss; of the head and the loss); a gradient error is one step's at the initial weights, "
                 "against the float64 head's; the time per step includes the optimizer and a sync.")
+    for n, r in group(results, "step").items():
+        section(f"`bench/step.py`: {n}", {n: r}, step_table(r),
+                "The training step (the loss and `loss.backward()` into the logits' gradient) over a copy of the "
+                "logits, `y.copy_(x)`: triton's `do_bench` medians in one process, with the defaults and each "
+                "option (reduction none: an incoming gradient of ones); quack's one kernel (a loss a row and "
+                "the gradient of their sum, no mean, no autograd) where quack-kernels was installed.")
     for n, r in group(results, "host").items():
         section(f"`bench/host.py`: {n}", {n: r}, host_table(r),
                 f"Host time per call in us, logits {' x '.join(map(str, r['shape']))} {r['dtype']}: the least of "
                 f"{r['rounds']} rounds of {r['calls']} calls and one synchronization, the implementations taking "
-                "turns. The step: the loss and its backward into the logits' gradient (incoming gradient ones).")
+                "turns. The step: the loss and its backward into the logits' gradient (incoming gradient ones); "
+                "x.sum()'s step: autograd's own cost, whatever the loss.")
     unknown = [f"`{n}`" for n, d in results.items() if kind(d) is None]
     out += ["", f"Not tabulated, in a format this script does not know: {', '.join(unknown)}."] * bool(unknown)
     pngs = [p.name for p in sorted((root / "bench" / "results").glob("*.png")) if f"{p.stem}.json" not in results]

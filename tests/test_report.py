@@ -84,6 +84,20 @@ def test_a_file_without_a_date_says_so_and_one_with_a_date_gives_it():
     assert report.provenance({"a.json": {"device": "GPU", "torch": "2.x"}}).endswith(
         "Date: not recorded in the file.")
     assert "Date: 2030-01-02." in report.provenance({"a.json": {"device": "GPU", "torch": "2.x", "date": "2030-01-02"}})
+    both = report.provenance({"a.json": {"device": "GPU"}, "b.json": {"device": "GPU", "date": "2030-01-02"}})
+    assert both.endswith("Date: not recorded (a.json); 2030-01-02 (b.json).")
+
+
+def test_steps_are_tabulated_over_the_copy(tree):
+    """bench/step.py's file: a row per shape, the copy's median and each step's over it."""
+    times = {"copy": 0.1, "defaults": 0.12, "label smoothing": 0.125, "quack one kernel": 0.105}
+    data = {"device": "GPU", "torch": "2.x", "date": "2030-01-02", "quack": True,
+            "rows": [{"N": 8, "C": 4096, "dtype": "bfloat16", "median_ms": times}]}
+    (tree / "bench" / "results" / "gpu_step.json").write_text(json.dumps(data))
+    report.write(tree)
+    text = (tree / "bench" / "RESULTS.md").read_text()
+    assert "| logits | dtype | copy | defaults | label smoothing | quack one kernel |" in text
+    assert "| 8 x 4096 | bfloat16 | 0.100 ms | 1.20x | 1.25x | 1.05x |" in text
 
 
 def test_host_times_are_tabulated_against_eager(tree):

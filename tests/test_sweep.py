@@ -7,6 +7,7 @@ import types
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+import step  # noqa: E402
 import sweep  # noqa: E402
 
 
@@ -96,3 +97,25 @@ def test_the_training_sweep_takes_the_shapes_the_targets_name(tmp_path, monkeypa
     monkeypatch.setattr(sweep, "plot_train", lambda rows, path: drawn.append((rows, path)))
     assert sweep.main(["--train", "--plot-only", "--out", out]) == 0
     assert drawn == [(rows, out + ".png")]
+
+
+def test_the_step_bench_times_every_option_beside_the_copy(tmp_path, monkeypatch):
+    """bench/step.py: each shape's figures as measure gives them, whether quack ran, and the issue's shapes."""
+    assert {(32768, 4096, "float32"), (32768, 4096, "bfloat16"), (8192, 50257, "bfloat16"),
+            (65536, 1000, "bfloat16")} <= set(step.SHAPES)
+    got = []
+
+    def fake_measure(n, c, dtype, quack, rep):
+        got.append((n, c, dtype, quack, rep))
+        return {"copy": 1.0, **{name: 1.1 for name in step.OPTIONS}}
+
+    monkeypatch.setattr(step, "measure", fake_measure)
+    monkeypatch.setattr(step, "quack_step", lambda: None)
+    monkeypatch.setattr(step.torch.cuda, "get_device_name", lambda *a: "test device")
+    out = tmp_path / "step.json"
+    assert step.main(["--shapes", "4x5:float32,6x7:bfloat16", "--rep", "3", "--json", str(out)]) == 0
+    assert got == [(4, 5, step.torch.float32, None, 3), (6, 7, step.torch.bfloat16, None, 3)]
+    data = json.loads(out.read_text())
+    assert data["quack"] is False and data["device"] == "test device"
+    assert [(r["N"], r["C"], r["dtype"]) for r in data["rows"]] == [(4, 5, "float32"), (6, 7, "bfloat16")]
+    assert set(data["rows"][0]["median_ms"]) == {"copy", *step.OPTIONS}
