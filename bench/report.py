@@ -72,7 +72,8 @@ def kind(data):
         return "run_eval" if "timings" in data else "ab" if data.keys() & {"timing", "build_times", "runs"} else None
     first = data[0] if data else {}
     return next((name for key, name in (("options", "options"), ("copy_ms", "train"), ("shape", "kdim"),
-                                        ("ranks", "parallel"), ("floor_ms", "linear")) if key in first), None)
+                                        ("ranks", "parallel"), ("floor_ms", "linear"), ("tbps", "sweep"))
+                 if key in first), None)
 
 
 def provenance(files):
@@ -158,6 +159,19 @@ def train_headline(files):
                     over.get("eager", "")]
         body.append(row)
     return table(header, body)
+
+
+def sweep_table(rows):
+    """bench/sweep.py's forward sweep: per shape and dtype, ModelNew's mean as a share of the read's, and
+    eager's and torch.compile's over ModelNew's where they ran."""
+    body = []
+    for (n, c, d), got in by(rows, lambda r: (r["N"], r["C"], r["dtype"])).items():
+        m, f = got["model_new"], got["floor"]
+        body.append([f"{n} x {c}", d, f"{m['bytes'] / 2**20:.1f}", ms(f["mean_ms"]), ms(m["mean_ms"]),
+                     pct(f["mean_ms"] / m["mean_ms"])]
+                    + [times(got[k]["mean_ms"] / m["mean_ms"]) if k in got else "" for k in ("eager", "compile")])
+    return table(["logits", "dtype", "MiB", "read", "ModelNew", "of the read", "eager / ModelNew",
+                  "torch.compile / ModelNew"], body)
 
 
 def options_tables(rows):
@@ -329,6 +343,10 @@ def results_md(root, results):
         section(f"`bench/sweep.py --train`: {n}", {n: rows}, train_table(rows),
                 "The step (the loss and `loss.backward()`): its mean over a copy of the logits, `y.copy_(x)`, "
                 "timed in the same phase (torch.compile in a phase of its own), the median in brackets.")
+    for n, rows in group(results, "sweep").items():
+        section(f"`bench/sweep.py`: {n}", {n: rows}, sweep_table(rows),
+                "The forward (ModelNew: the mean, ignore_index -100) against a streaming read of the same logits, "
+                f"the best of {'/'.join(sorted({str(len(r.get('pass_means_ms', [0]))) for r in rows}))} passes.")
     for n, rows in group(results, "options").items():
         section(f"`bench/sweep.py --options`: {n}", {n: rows}, options_tables(rows),
                 "ModelNew's mean as a share of the read's (of the logits; with probability targets, of both), "

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Effective bandwidth of ModelNew, eager, torch.compile and a plain streaming read, over shapes.
 
-    python bench/sweep.py [--shapes 32768x4096,16x256000] [--dtypes float32,bfloat16] [--out bench/results/h100_sweep]
+    python bench/sweep.py [--shapes 32768x4096,16x256000] [--dtypes float32,bfloat16] [--no-compile]
+                          [--out bench/results/h100_sweep]
     python bench/sweep.py --options [--shapes ...] [--sets "softcap;sum"] [--out bench/results/h100_options]
     python bench/sweep.py --kdim [--out bench/results/h100_kdim]
     python bench/sweep.py --train [--no-compile] [--out bench/results/h100_train]
@@ -272,8 +273,9 @@ def table(rows):
         by.setdefault((r["N"], r["C"], r["dtype"]), {})[r["impl"]] = r
     lines = [f"{'N x C':>16s} {'dtype':>9s} {'MiB':>7s} | {'ModelNew':>9s} {'eager':>8s} {'compile':>8s} {'floor':>8s}"
              f" | {'TB/s':>5s} {'%floor':>6s} {'x eager':>7s} {'x comp':>6s}"]
+    nan = {"mean_ms": float("nan")}  # an implementation not timed (compile under --no-compile)
     for (n, c, d), r in by.items():
-        m, e, k, f = (r[i]["mean_ms"] for i in IMPLS)
+        m, e, k, f = (r.get(i, nan)["mean_ms"] for i in IMPLS)
         lines.append(f"{f'{n} x {c}':>16s} {d:>9s} {r['model_new']['bytes'] / 2**20:7.1f} | {m:9.4f} {e:8.4f} {k:8.4f} {f:8.4f}"
                      f" | {r['model_new']['tbps']:5.2f} {100 * f / m:6.1f} {e / m:7.2f} {k / m:6.2f}")
     return "\n".join(lines)
@@ -294,7 +296,8 @@ def plot(rows, path, title):
     fig, ax = plt.subplots(figsize=(max(10, 0.55 * len(keys)), 5))
     width = 0.2
     for j, impl in enumerate(IMPLS):
-        vals = [next(r["tbps"] for r in rows if (r["N"], r["C"], r["dtype"]) == k and r["impl"] == impl) for k in keys]
+        vals = [next((r["tbps"] for r in rows if (r["N"], r["C"], r["dtype"]) == k and r["impl"] == impl), 0.0)
+                for k in keys]
         ax.bar([i + (j - 1.5) * width for i in range(len(keys))], vals, width, label=impl)
     ax.set_xticks(range(len(keys)))
     ax.set_xticklabels([f"{n}x{c}\n{d}" for n, c, d in keys], rotation=90, fontsize=7)
@@ -345,7 +348,7 @@ def main(argv=None):
     ap.add_argument("--sets", help="with --options: the OPTIONS sets to time, by name, separated by ';' (default: all)")
     ap.add_argument("--kdim", action="store_true", help="the sweep of inputs (N, C, d1, ..., dk): KDIM_SHAPES")
     ap.add_argument("--train", action="store_true", help="the training step's sweep (TRAIN_SHAPES) against a copy")
-    ap.add_argument("--no-compile", action="store_true", help="with --train: no torch.compile rows")
+    ap.add_argument("--no-compile", action="store_true", help="the forward or --train sweep: no torch.compile rows")
     args = ap.parse_args(argv)
     if args.plot_only:
         with open(args.out + ".json") as f:
@@ -372,7 +375,7 @@ def main(argv=None):
     fns = {"model_new": model, "eager": reference_loss, "floor": floor_fn}
     # torch.compile last, in a phase of its own: its background compile workers load the host
     # CPUs, which delays the launches of whatever is timed next.
-    phases = [("floor", "model_new", "eager")] * args.passes + [("compile",)]
+    phases = [("floor", "model_new", "eager")] * args.passes + ([] if args.no_compile else [("compile",)])
     combos = [(n, c, d) for n, c in shapes for d in args.dtypes.split(",")]
     best = {}
     for p, impls in enumerate(phases):

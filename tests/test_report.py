@@ -128,3 +128,16 @@ def test_linear_and_parallel_results_are_tabulated_against_their_floors(tree):
     text = (tree / "bench" / "RESULTS.md").read_text()
     assert "| 8 x 4 x 16 | crossent | 10.5 ms | 1.05x matmuls | 1.00 GiB | yes |" in text
     assert "| 8 x 16 over 2 | crossent | 2.20 ms / 2.40 ms | 2.00x | yes |" in text
+
+
+def test_the_forward_sweep_is_tabulated_against_the_read(tree):
+    """bench/sweep.py's forward rows: a row per shape and dtype, ModelNew's share of the read, and eager's
+    time over ModelNew's; torch.compile's cell empty where it was not timed."""
+    rows = [{"N": 8, "C": 4096, "dtype": "bfloat16", "impl": impl, "mean_ms": t, "bytes": 8 * 4096 * 2, "tbps": 1.0,
+             "pass_means_ms": [t, t], "device": "GPU", "torch": "2.x", "date": "2030-01-02"}
+            for impl, t in (("floor", 0.097), ("model_new", 0.1), ("eager", 0.4))]
+    (tree / "bench" / "results" / "gpu_sweep.json").write_text(json.dumps(rows))
+    report.write(tree)
+    text = (tree / "bench" / "RESULTS.md").read_text()
+    assert "the best of 2 passes" in text
+    assert "| 8 x 4096 | bfloat16 | 0.1 | 0.0970 ms | 0.100 ms | 97.0% | 4.00x |  |" in text

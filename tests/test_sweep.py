@@ -35,6 +35,11 @@ def test_sweep_keeps_each_implementations_best_pass(tmp_path, monkeypatch):
     assert rows["compile"]["mean_ms"] == 1.0 and rows["compile"]["pass_means_ms"] == [1.0]
     assert os.path.exists(out + ".png")
     assert "4 x 5" in sweep.table(list(rows.values()))
+    calls.clear()  # --no-compile: the two passes alone, and a table and plot without compile's rows
+    assert sweep.main(["--shapes", "4x5", "--dtypes", "float32", "--passes", "2", "--no-compile", "--out", out]) == 0
+    assert calls == [("floor", "model_new", "eager")] * 2
+    rows = json.load(open(out + ".json"))
+    assert {r["impl"] for r in rows} == {"floor", "model_new", "eager"} and "nan" in sweep.table(rows)
 
 
 def test_the_options_sweeps_reference_is_pytorchs():
