@@ -4177,7 +4177,6 @@ def _covers(targets, capability):
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)  # asked at every call; a GPU's capability does not change
 def kernels_run_on(device_index):
     """Whether the kernels run on GPU device_index: compute capability 7.5 (Turing) or newer."""
     return torch.cuda.get_device_capability(device_index) >= (7, 5)
@@ -4279,10 +4278,15 @@ def check_options(weight=None, ignore_index=IGNORE_INDEX, reduction="mean", z_lo
     the error PyTorch gives for the same mistake: ValueError for the reduction, TypeError for an
     argument of the wrong type, RuntimeError for label smoothing over 1 (under 0 it is none, as in
     PyTorch)."""
-    if weight is None and softcap is None and return_lse is False and reduction == "mean" \
-            and type(ignore_index) is int and ignore_index == IGNORE_INDEX and type(z_loss) in _PLAIN \
-            and z_loss == 0 and type(label_smoothing) in _PLAIN and label_smoothing <= 0:
-        return DEFAULTS  # every call that passes no option: its checks all pass, at a fraction of their cost
+    if weight is None and softcap is None and return_lse is False and type(reduction) is str \
+            and reduction == "mean" and type(ignore_index) is int and ignore_index == IGNORE_INDEX \
+            and type(z_loss) in _PLAIN and z_loss == 0 and type(label_smoothing) in _PLAIN and label_smoothing == 0:
+        return DEFAULTS  # a call that passes no option: every check below passes, at a fraction of their cost
+    return _checked_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
+
+
+def _checked_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap):
+    """check_options' checks, argument by argument."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"{reduction} is not a valid value for reduction")
     if isinstance(ignore_index, bool) or not hasattr(ignore_index, "__index__"):
@@ -4680,13 +4684,15 @@ def allocate(problem, logits, weight, options, keep_state, inplace=False):
     the result, in float32: _launch rounds it to the result's dtype), every row's (m, s) where kept,
     and for the fused family its gradient (`inplace`: the logits themselves) with the mean's scale and
     the weights' sum it reads."""
-    none = problem.per_row  # new_empty: the logits' device, at less host time than torch.empty's arguments
-    out = logits.new_empty((problem.rows,) if none else (), dtype=torch.float32 if none else problem.result_dtype)
-    state = logits.new_empty((problem.rows, 2), dtype=torch.float32) if keep_state else None
+    device = logits.device
+    none = problem.per_row
+    out = torch.empty((problem.rows,) if none else (), dtype=torch.float32 if none else problem.result_dtype,
+                      device=device)
+    state = torch.empty((problem.rows, 2), dtype=torch.float32, device=device) if keep_state else None
     if problem.plan.family != FUSED:
         return Outputs(out, state)
     dx = logits if inplace else empty_gradient(logits, logits.dtype)
-    scale = logits.new_empty((), dtype=torch.float32) if options.reduction == "mean" else None
+    scale = torch.empty((), dtype=torch.float32, device=device) if options.reduction == "mean" else None
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and options.label_smoothing else None
     return Outputs(out, state, dx, scale, weight_total)
 

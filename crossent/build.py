@@ -209,7 +209,6 @@ def _covers(targets, capability):
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)  # asked at every call; a GPU's capability does not change
 def kernels_run_on(device_index):
     """Whether the kernels run on GPU device_index: compute capability 7.5 (Turing) or newer."""
     return torch.cuda.get_device_capability(device_index) >= (7, 5)

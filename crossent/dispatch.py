@@ -212,13 +212,15 @@ def allocate(problem, logits, weight, options, keep_state, inplace=False):
     the result, in float32: _launch rounds it to the result's dtype), every row's (m, s) where kept,
     and for the fused family its gradient (`inplace`: the logits themselves) with the mean's scale and
     the weights' sum it reads."""
-    none = problem.per_row  # new_empty: the logits' device, at less host time than torch.empty's arguments
-    out = logits.new_empty((problem.rows,) if none else (), dtype=torch.float32 if none else problem.result_dtype)
-    state = logits.new_empty((problem.rows, 2), dtype=torch.float32) if keep_state else None
+    device = logits.device
+    none = problem.per_row
+    out = torch.empty((problem.rows,) if none else (), dtype=torch.float32 if none else problem.result_dtype,
+                      device=device)
+    state = torch.empty((problem.rows, 2), dtype=torch.float32, device=device) if keep_state else None
     if problem.plan.family != FUSED:
         return Outputs(out, state)
     dx = logits if inplace else empty_gradient(logits, logits.dtype)
-    scale = logits.new_empty((), dtype=torch.float32) if options.reduction == "mean" else None
+    scale = torch.empty((), dtype=torch.float32, device=device) if options.reduction == "mean" else None
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and options.label_smoothing else None
     return Outputs(out, state, dx, scale, weight_total)
 

@@ -43,10 +43,15 @@ def check_options(weight=None, ignore_index=IGNORE_INDEX, reduction="mean", z_lo
     the error PyTorch gives for the same mistake: ValueError for the reduction, TypeError for an
     argument of the wrong type, RuntimeError for label smoothing over 1 (under 0 it is none, as in
     PyTorch)."""
-    if weight is None and softcap is None and return_lse is False and reduction == "mean" \
-            and type(ignore_index) is int and ignore_index == IGNORE_INDEX and type(z_loss) in _PLAIN \
-            and z_loss == 0 and type(label_smoothing) in _PLAIN and label_smoothing <= 0:
-        return DEFAULTS  # every call that passes no option: its checks all pass, at a fraction of their cost
+    if weight is None and softcap is None and return_lse is False and type(reduction) is str \
+            and reduction == "mean" and type(ignore_index) is int and ignore_index == IGNORE_INDEX \
+            and type(z_loss) in _PLAIN and z_loss == 0 and type(label_smoothing) in _PLAIN and label_smoothing == 0:
+        return DEFAULTS  # a call that passes no option: every check below passes, at a fraction of their cost
+    return _checked_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
+
+
+def _checked_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap):
+    """check_options' checks, argument by argument."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"{reduction} is not a valid value for reduction")
     if isinstance(ignore_index, bool) or not hasattr(ignore_index, "__index__"):

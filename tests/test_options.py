@@ -43,13 +43,38 @@ def test_the_defaults_are_kernelbenchs_problem_and_anything_else_an_option():
     for kwargs in [{"ignore_index": 0}, {"reduction": "sum"}, {"z_loss": 1e-4}, {"return_lse": True},
                    {"weight": torch.ones(3)}, {"label_smoothing": 0.1}, {"softcap": 30.0}]:
         assert inputs.check_options(**kwargs) is not inputs.DEFAULTS, kwargs
-    # The defaults' other spellings, and what only looks like them: as the full checks take them.
-    for kwargs in [{"z_loss": 0}, {"z_loss": -0.0}, {"label_smoothing": -0.5}, {"label_smoothing": 0},
-                   {"return_lse": 0}, {"softcap": None, "weight": None}]:
-        assert inputs.check_options(**kwargs) is inputs.DEFAULTS, kwargs
-    for kwargs in [{"z_loss": False}, {"label_smoothing": False}, {"ignore_index": -100.0}, {"z_loss": "0"}]:
-        with pytest.raises(TypeError):
-            inputs.check_options(**kwargs)
+
+
+def test_the_defaults_path_gives_what_the_full_checks_give():
+    """check_options' path for a call that passes no option, against its full checks: each argument in
+    the defaults' other spellings and in what only looks like them, the same options or the same error."""
+    class Index:
+        def __index__(self):
+            return -100
+
+    class Name(str):
+        pass
+
+    values = {"weight": [None, [1.0]], "ignore_index": [-100, -100.0, True, Index(), torch.tensor(-100), 2**63, "x"],
+              "reduction": ["mean", Name("mean"), "MEAN", ["mean"], None],
+              "z_loss": [0, 0.0, -0.0, False, "0", math.nan, -10**400, torch.tensor(0.0), 1e-4],
+              "return_lse": [False, 0, None, True],
+              "label_smoothing": [0, 0.0, -0.0, -0.5, -10**400, math.nan, False, "0", 1.5],
+              "softcap": [None, 0, 30.0]}
+    defaults = {"weight": None, "ignore_index": -100, "reduction": "mean", "z_loss": 0.0, "return_lse": False,
+                "label_smoothing": 0.0, "softcap": None}
+
+    def outcome(check, kwargs):
+        try:
+            options = check(**kwargs)
+        except Exception as e:  # noqa: BLE001 - the error is what is compared
+            return type(e), str(e)
+        return options is inputs.DEFAULTS, options
+
+    for name, alternatives in values.items():
+        for value in alternatives:
+            kwargs = {**defaults, name: value}
+            assert outcome(inputs.check_options, kwargs) == outcome(inputs._checked_options, kwargs), kwargs
 
 
 def test_modelnew_keeps_the_weight_as_a_buffer():
