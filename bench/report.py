@@ -67,7 +67,7 @@ def kind(data):
             return "hf"
         if "host" in data:
             return "host"
-        if "quack" in data:
+        if "median_ms" in (data.get("rows") or [{}])[0]:
             return "step"
         return "run_eval" if "timings" in data else "ab" if data.keys() & {"timing", "build_times", "runs"} else None
     first = data[0] if data else {}
@@ -140,26 +140,25 @@ def train_table(rows):
 
 
 def train_headline(files):
-    """The training sweeps side by side, a column group per GPU: each step's mean over the copy (ModelNew's
-    median in brackets)."""
-    shapes = {}
-    for rows in files.values():
-        for key, got in by(rows, lambda r: (r["N"], r["C"], r["dtype"])).items():
-            shapes.setdefault(key, []).append(got)
-    header, body = ["logits", "dtype"], []
-    for rows in files.values():
-        gpu = rows[0]["device"].removeprefix("NVIDIA ") if rows[0].get("device") else "H100 80GB HBM3"
-        header += [f"{gpu}: ModelNew / copy (median)", "torch.compile / copy", "eager / copy"]
-    for (n, c, d), gots in shapes.items():
+    """The training sweeps side by side, a column group per file (its GPU): each step's mean over the copy
+    (ModelNew's median in brackets); a cell empty where that file has no such shape."""
+    keys = list(dict.fromkeys((r["N"], r["C"], r["dtype"]) for rows in files.values() for r in rows))
+    header, cells = ["logits", "dtype"], []
+    for name, rows in files.items():
+        gpu = rows[0]["device"].removeprefix("NVIDIA ") if rows and rows[0].get("device") else name
+        header += [f"{gpu}: ModelNew / copy (median)", f"{gpu}: torch.compile / copy", f"{gpu}: eager / copy"]
+        cells.append(by(rows, lambda r: (r["N"], r["C"], r["dtype"])))
+    body = []
+    for n, c, d in keys:
         row = [f"{n} x {c}", d]
-        for got in gots:
+        for got in cells:
+            got = got.get((n, c, d), {})
             over = {k: times(r["mean_ms"] / r["copy_ms"]) for k, r in got.items()}
-            m = got["model_new"]
-            row += [f"{over['model_new']} ({times(m['median_ms'] / m['copy_ms'])})", over.get("compile", ""),
-                    over.get("eager", "")]
+            m = got.get("model_new")
+            row += [f"{over['model_new']} ({times(m['median_ms'] / m['copy_ms'])})" if m else "",
+                    over.get("compile", ""), over.get("eager", "")]
         body.append(row)
     return table(header, body)
-
 
 def sweep_table(rows):
     """bench/sweep.py's forward sweep: per shape and dtype, ModelNew's mean as a share of the read's, and
@@ -344,9 +343,10 @@ def results_md(root, results):
                 "The step (the loss and `loss.backward()`): its mean over a copy of the logits, `y.copy_(x)`, "
                 "timed in the same phase (torch.compile in a phase of its own), the median in brackets.")
     for n, rows in group(results, "sweep").items():
+        passes = sorted({len(r["pass_means_ms"]) for r in rows if r["impl"] == "model_new"})  # compile: one
         section(f"`bench/sweep.py`: {n}", {n: rows}, sweep_table(rows),
                 "The forward (ModelNew: the mean, ignore_index -100) against a streaming read of the same logits, "
-                f"the best of {'/'.join(sorted({str(len(r.get('pass_means_ms', [0]))) for r in rows}))} passes.")
+                f"the best of {'/'.join(map(str, passes))} passes.")
     for n, rows in group(results, "options").items():
         section(f"`bench/sweep.py --options`: {n}", {n: rows}, options_tables(rows),
                 "ModelNew's mean as a share of the read's (of the logits; with probability targets, of both), "

@@ -41,7 +41,7 @@ def quack_step():
     return lambda x, t: cross_entropy_fwd(x, t, return_dx=True)
 
 
-def measure(n, c, dtype, quack, rep):
+def measure(n, c, dtype, quack_fn, rep):
     """{what: median ms} at one shape, the copy first."""
     from triton.testing import do_bench  # the GPU's: triton comes with CUDA builds of torch
     x = (torch.randn(n, c, device="cuda") * 2).to(dtype)
@@ -59,23 +59,23 @@ def measure(n, c, dtype, quack, rep):
             crossent.cross_entropy(leaf, t, **kwargs).backward(grad)
         times[name] = do_bench(step, rep=rep, return_mode="median")
     leaf.grad = None
-    if quack is not None:
-        times["quack one kernel"] = do_bench(lambda: quack(x, t), rep=rep, return_mode="median")
+    if quack_fn is not None:
+        times["quack one kernel"] = do_bench(lambda: quack_fn(x, t), rep=rep, return_mode="median")
     return times
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", help="NxC:dtype,... (default: SHAPES)")
+    parser.add_argument("--shapes", help="NxC[:dtype],... (dtype: bfloat16 where not named; default: SHAPES)")
     parser.add_argument("--rep", type=int, default=200, help="do_bench's milliseconds a figure")
     parser.add_argument("--json", help="write the results as JSON")
     args = parser.parse_args(argv)
-    shapes = SHAPES if not args.shapes else [
-        (*(int(v) for v in s.split(":")[0].split("x")), s.split(":")[1]) for s in args.shapes.split(",")]
-    quack = quack_step()
+    named = [(s.split(":") + ["bfloat16"])[:2] for s in args.shapes.split(",")] if args.shapes else []
+    shapes = [(*(int(v) for v in size.split("x")), dtype) for size, dtype in named] or SHAPES
+    quack_fn = quack_step()
     rows = []
     for n, c, dtype in shapes:
-        times = measure(n, c, getattr(torch, dtype), quack, args.rep)
+        times = measure(n, c, getattr(torch, dtype), quack_fn, args.rep)
         copy = times["copy"]
         rows.append({"N": n, "C": c, "dtype": dtype, "median_ms": times})
         print(f"{n} x {c} {dtype}: copy {copy:.4f} ms; " +
@@ -84,7 +84,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "date": datetime.date.today().isoformat(), "quack": quack is not None, "rows": rows}, f,
+                       "date": datetime.date.today().isoformat(), "quack": quack_fn is not None, "rows": rows}, f,
                       indent=1)
     return 0
 

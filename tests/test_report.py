@@ -134,10 +134,27 @@ def test_the_forward_sweep_is_tabulated_against_the_read(tree):
     """bench/sweep.py's forward rows: a row per shape and dtype, ModelNew's share of the read, and eager's
     time over ModelNew's; torch.compile's cell empty where it was not timed."""
     rows = [{"N": 8, "C": 4096, "dtype": "bfloat16", "impl": impl, "mean_ms": t, "bytes": 8 * 4096 * 2, "tbps": 1.0,
-             "pass_means_ms": [t, t], "device": "GPU", "torch": "2.x", "date": "2030-01-02"}
-            for impl, t in (("floor", 0.097), ("model_new", 0.1), ("eager", 0.4))]
+             "pass_means_ms": [t] * (1 if impl == "compile" else 2), "device": "GPU", "torch": "2.x",
+             "date": "2030-01-02"} for impl, t in (("floor", 0.097), ("model_new", 0.1), ("eager", 0.4))]
+    rows.append({**rows[1], "N": 16, "impl": "compile", "mean_ms": 0.2, "pass_means_ms": [0.2]})
+    rows += [{**r, "N": 16} for r in rows[:3]]
     (tree / "bench" / "results" / "gpu_sweep.json").write_text(json.dumps(rows))
     report.write(tree)
     text = (tree / "bench" / "RESULTS.md").read_text()
-    assert "the best of 2 passes" in text
+    assert "the best of 2 passes" in text  # ModelNew's passes: torch.compile is timed once
     assert "| 8 x 4096 | bfloat16 | 0.1 | 0.0970 ms | 0.100 ms | 97.0% | 4.00x |  |" in text
+    assert "| 16 x 4096 | bfloat16 | 0.1 | 0.0970 ms | 0.100 ms | 97.0% | 4.00x | 2.00x |" in text
+
+
+def test_the_training_headline_keeps_each_gpus_figures_in_its_columns():
+    """Sweeps of different shapes side by side: a shape one file lacks leaves that file's cells empty,
+    and a file that records no GPU is named by its file name."""
+    def row(n, impl, mean, device):
+        return {"N": n, "C": 10, "dtype": "float32", "impl": impl, "mean_ms": mean, "median_ms": mean, "copy_ms": 1.0,
+                **({"device": device} if device else {})}
+    files = {"a.json": [row(1, "model_new", 1.5, "NVIDIA A"), row(2, "model_new", 2.5, "NVIDIA A")],
+             "b.json": [row(2, "model_new", 3.5, None), row(2, "eager", 7.0, None)]}
+    text = report.train_headline(files)
+    assert "| A: ModelNew / copy (median) |" in text and "| b.json: ModelNew / copy (median) |" in text
+    assert "| 1 x 10 | float32 | 1.50x (1.50x) |  |  |  |  |  |" in text
+    assert "| 2 x 10 | float32 | 2.50x (2.50x) |  |  | 3.50x (3.50x) |  | 7.00x |" in text
