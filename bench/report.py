@@ -123,18 +123,28 @@ def run_eval_table(files, backward, headline=False):
     return table([header[i] for i in keep], [[row[i] for i in keep] for row in rows])
 
 
+def shape_of(r):
+    return r["N"], r["C"], r["dtype"]
+
+
+def over_copy(got):
+    """A training shape's cells: ModelNew's mean over the copy (its median's in brackets), torch.compile's
+    and eager's; each empty where not timed."""
+    over = {k: times(r["mean_ms"] / r["copy_ms"]) for k, r in got.items()}
+    m = got.get("model_new")
+    return [f"{over['model_new']} ({times(m['median_ms'] / m['copy_ms'])})" if m else "", over.get("compile", ""),
+            over.get("eager", "")]
+
+
 def train_table(rows):
     """bench/sweep.py --train: each step's mean over the copy timed in its phase (the median in brackets)."""
     out = []
-    for (n, c, d), got in by(rows, lambda r: (r["N"], r["C"], r["dtype"])).items():
+    for (n, c, d), got in by(rows, shape_of).items():
         m, logits = got["model_new"], n * c * (4 if d == "float32" else 2)
-        over = {k: times(r["mean_ms"] / r["copy_ms"]) for k, r in got.items()}
-        out.append([f"{n} x {c}", d, ms(m["copy_ms"]), ms(m["mean_ms"]),
-                    f"{over['model_new']} ({times(m['median_ms'] / m['copy_ms'])})",
-                    over.get("compile", ""), over.get("eager", ""),
-                    " / ".join(f"{got[k]['peak_extra_bytes'] / logits:.2f}" if k in got else "-"
-                               for k in ("model_new", "compile", "eager")),
-                    yes(all(r["correct"] for r in got.values()))])
+        out.append([f"{n} x {c}", d, ms(m["copy_ms"]), ms(m["mean_ms"])] + over_copy(got)
+                   + [" / ".join(f"{got[k]['peak_extra_bytes'] / logits:.2f}" if k in got else "-"
+                                 for k in ("model_new", "compile", "eager")),
+                      yes(all(r["correct"] for r in got.values()))])
     return table(["logits", "dtype", "copy", "ModelNew", "ModelNew / copy (median)", "torch.compile / copy",
                   "eager / copy", "extra memory / logits (ModelNew / compile / eager)", "correct"], out)
 
@@ -142,29 +152,21 @@ def train_table(rows):
 def train_headline(files):
     """The training sweeps side by side, a column group per file (its GPU): each step's mean over the copy
     (ModelNew's median in brackets); a cell empty where that file has no such shape."""
-    keys = list(dict.fromkeys((r["N"], r["C"], r["dtype"]) for rows in files.values() for r in rows))
+    keys = list(dict.fromkeys(shape_of(r) for rows in files.values() for r in rows))
     header, cells = ["logits", "dtype"], []
     for name, rows in files.items():
         gpu = rows[0]["device"].removeprefix("NVIDIA ") if rows and rows[0].get("device") else name
         header += [f"{gpu}: ModelNew / copy (median)", f"{gpu}: torch.compile / copy", f"{gpu}: eager / copy"]
-        cells.append(by(rows, lambda r: (r["N"], r["C"], r["dtype"])))
-    body = []
-    for n, c, d in keys:
-        row = [f"{n} x {c}", d]
-        for got in cells:
-            got = got.get((n, c, d), {})
-            over = {k: times(r["mean_ms"] / r["copy_ms"]) for k, r in got.items()}
-            m = got.get("model_new")
-            row += [f"{over['model_new']} ({times(m['median_ms'] / m['copy_ms'])})" if m else "",
-                    over.get("compile", ""), over.get("eager", "")]
-        body.append(row)
-    return table(header, body)
+        cells.append(by(rows, shape_of))
+    return table(header, [[f"{n} x {c}", d] + sum((over_copy(got.get((n, c, d), {})) for got in cells), [])
+                          for n, c, d in keys])
+
 
 def sweep_table(rows):
     """bench/sweep.py's forward sweep: per shape and dtype, ModelNew's mean as a share of the read's, and
     eager's and torch.compile's over ModelNew's where they ran."""
     body = []
-    for (n, c, d), got in by(rows, lambda r: (r["N"], r["C"], r["dtype"])).items():
+    for (n, c, d), got in by(rows, shape_of).items():
         m, f = got["model_new"], got["floor"]
         body.append([f"{n} x {c}", d, f"{m['bytes'] / 2**20:.1f}", ms(f["mean_ms"]), ms(m["mean_ms"]),
                      pct(f["mean_ms"] / m["mean_ms"])]
