@@ -643,6 +643,11 @@ def workspace_layout(splits, rows):
     return exact_off, weight_off, seg_off, seg_off + seg_bytes
 
 
+def softcap_rate(softcap):
+    """Params.softcap_rate of a cap (0: none): 2 log2(e) / softcap, the factor of the cap's exp2."""
+    return 2 / math.log(2) / softcap if softcap else 0.0
+
+
 # ==========================================================================================
 # crossent/sources.py
 # The csrc files, as crossent/sources.py reads them from the package.
@@ -1523,6 +1528,48 @@ __device__ __forceinline__ float row_outcome(const Params& p, long long row, lon
     loss = outcome;
     weight = w_t;
   }
+}
+
+}  // namespace
+""",
+    # ------------------------------------------------------------ crossent/csrc/common/softcap.cuh
+    "common/softcap.cuh": r"""// Soft-capped logits (the options build): each logit x read as softcap * tanh(x / softcap).
+#pragma once
+
+#include "lse.cuh"
+
+namespace {
+
+// E's logits, each passed through the cap as it becomes a float (logit).
+template <class E>
+struct SoftCapped : E {};
+template <class E>
+constexpr bool kSoftCapped = false;
+template <class E>
+constexpr bool kSoftCapped<SoftCapped<E>> = true;
+
+// A logit as the loss sees it, and its slope d y / d x. Soft-capped: softcap * tanh(x / softcap), as
+// softcap - 2 softcap / (1 + e^(2x / softcap)): an exp and a reciprocal, both approximate, off by a
+// few softcap * 2^-24 at most, where the sum of exp counts each logit's error once ("Soft-capping").
+// -inf gives -softcap, +inf softcap, NaN NaN. The slope (the gradient's): with r = 1 / (1 + e),
+// 1 - (y / softcap)^2 = 4 r (1 - r), where 1 - r = e r is taken from e while e is small, so that
+// neither cancels; where it is not used, the compiler drops it.
+template <class E>
+__device__ __forceinline__ float logit_and_slope(const Params& p, float x, float& slope) {
+  slope = 1.f;
+  if constexpr (kSoftCapped<E>) {
+    const float e = exp2_approx(x * p.softcap_rate);
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
+    slope = 4.f * r * (e < 1.f ? e * r : 1.f - r);
+    return fmaf(-2.f * p.softcap, r, p.softcap);
+  }
+  return x;
+}
+template <class E>
+__device__ __forceinline__ float logit(const Params& p, float x) {
+  float slope;
+  return logit_and_slope<E>(p, x, slope);
 }
 
 }  // namespace
@@ -2905,6 +2952,7 @@ void launch_scale(const Params& p) {
 #pragma once
 
 #include "../common/row_end.cuh"
+#include "../common/softcap.cuh"
 
 namespace {
 
@@ -2925,7 +2973,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_split_t
     }
     if (code >= 0) {
       float y = load_scalar<E>(logits + row * p.row_stride + code * p.class_stride);
-      if (p.softcap != 0.f) y = p.softcap * tanhf(y / p.softcap);
+      if (p.softcap != 0.f) y = logit<SoftCapped<E>>(p, y);  // as the forward caps it
       u = (1.f - p.label_smoothing) * weight_at<E>(p, p.class_start + code) * y;
     }
     p.terms[row] = make_float2(lse, u);
@@ -2999,12 +3047,13 @@ void launch_split(const Params& p) {
 #pragma once
 
 #include "../common/row_end.cuh"
+#include "../common/softcap.cuh"
 
 namespace {
 
 // What the other families do not take: probability targets, inputs of shape (N, C, d1, ..., dk)
 // whose classes lie d1 * ... * dk elements apart ("strided"), class weights with label smoothing,
-// and soft-capped logits (SoftCapped formats, whose values `logit` caps). A row (one sample
+// and soft-capped logits (SoftCapped formats, common/softcap.cuh). A row (one sample
 // position) streams through once and nothing of it is held: a running (m, s), a Gap and, for class
 // indices, the target's logit and class weight, loaded as the row starts. Every loss here is
 // sum_j c_j (lse - x_j), one Gap's W log(s) + sum_j c_j (base - x_j), with c_j the class's share:
@@ -3021,38 +3070,6 @@ template <class P>
 constexpr bool kIsProbs = !std::is_same<P, ClassIndices>::value;
 template <class E, class P>  // the probabilities' format; the logits' where there are none
 using ProbsFormat = typename std::conditional<kIsProbs<P>, P, E>::type;
-
-// E's logits, each passed through softcap * tanh(x / softcap) as it becomes a float (logit).
-template <class E>
-struct SoftCapped : E {};
-template <class E>
-constexpr bool kSoftCapped = false;
-template <class E>
-constexpr bool kSoftCapped<SoftCapped<E>> = true;
-
-// A logit as the loss sees it, and its slope d y / d x. Soft-capped: softcap * tanh(x / softcap), as
-// softcap - 2 softcap / (1 + e^(2x / softcap)): an exp and a reciprocal, both approximate, off by a
-// few softcap * 2^-24 at most, where the sum of exp counts each logit's error once ("Soft-capping").
-// -inf gives -softcap, +inf softcap, NaN NaN. The slope (the gradient's): with r = 1 / (1 + e),
-// 1 - (y / softcap)^2 = 4 r (1 - r), where 1 - r = e r is taken from e while e is small, so that
-// neither cancels; where it is not used, the compiler drops it.
-template <class E>
-__device__ __forceinline__ float logit_and_slope(const Params& p, float x, float& slope) {
-  slope = 1.f;
-  if constexpr (kSoftCapped<E>) {
-    const float e = exp2_approx(x * p.softcap_rate);
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
-    slope = 4.f * r * (e < 1.f ? e * r : 1.f - r);
-    return fmaf(-2.f * p.softcap, r, p.softcap);
-  }
-  return x;
-}
-template <class E>
-__device__ __forceinline__ float logit(const Params& p, float x) {
-  float slope;
-  return logit_and_slope<E>(p, x, slope);
-}
 
 // Class j's share of the row's loss given its weight (weight_at's); prob: p_j.
 template <bool kProbs>
@@ -4002,7 +4019,7 @@ _TRAINING_FAMILIES = ["families/streamed.cuh", "families/gradient.cuh", "familie
                       "families/split.cuh"]
 CUDA_FILES = {
     False: _COMMON + _FAMILIES + ["launch.cu"],
-    True: _COMMON[:5] + ["common/cluster.cuh"] + _COMMON[5:] + _FAMILIES + _TRAINING_FAMILIES + ["launch.cu"],
+    True: _COMMON[:5] + ["common/cluster.cuh", "common/softcap.cuh"] + _COMMON[5:] + _FAMILIES + _TRAINING_FAMILIES + ["launch.cu"],
 }
 CPP_FILES = {False: ["module.cpp"], True: ["training_node.cpp", "module.cpp"]}
 
@@ -4649,7 +4666,7 @@ def problem_fields(rows, plan, options):
         DTYPE_CODES[targets.dtype] if probs else CLASS_INDICES,  # probs_dtype
         DTYPE_CODES[torch.float32],                        # grad_dtype
         softcap,                                           # softcap
-        2 / math.log(2) / softcap if softcap else 0.0,     # softcap_rate
+        softcap_rate(softcap),                             # softcap_rate
         cols,                                              # grad_row_stride
         0,                                                 # class_start
         0,                                                 # classes
@@ -4873,7 +4890,7 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
         smoothing_per_class=smoothing / (classes or cols), class_start=class_start, classes=classes,
         probs=t.data_ptr() if probs else 0, probs_stride=t.stride(0) if probs else 0,
         probs_dtype=DTYPE_CODES[t.dtype] if probs else CLASS_INDICES, softcap=softcap,
-        softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
+        softcap_rate=softcap_rate(softcap), grad=dx.data_ptr(),
         grad_row_stride=as_rows(dx)[0].stride(0), grad_out=grad_out.data_ptr(),
         grad_dtype=DTYPE_CODES[grad_out.dtype], grad_scale=0 if scale is None else scale.data_ptr(),
         grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),

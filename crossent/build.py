@@ -34,7 +34,7 @@ _TRAINING_FAMILIES = ["families/streamed.cuh", "families/gradient.cuh", "familie
                       "families/split.cuh"]
 CUDA_FILES = {
     False: _COMMON + _FAMILIES + ["launch.cu"],
-    True: _COMMON[:5] + ["common/cluster.cuh"] + _COMMON[5:] + _FAMILIES + _TRAINING_FAMILIES + ["launch.cu"],
+    True: _COMMON[:5] + ["common/cluster.cuh", "common/softcap.cuh"] + _COMMON[5:] + _FAMILIES + _TRAINING_FAMILIES + ["launch.cu"],
 }
 CPP_FILES = {False: ["module.cpp"], True: ["training_node.cpp", "module.cpp"]}
 

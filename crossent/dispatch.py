@@ -9,7 +9,6 @@ queued ahead of both: host work that outlasts the flush shows in the time ("Buil
 everything a call does that its data does not change (the checks, the layout, the plan, most of the
 parameter block) is done once per problem: a later call of the same shapes, strides, dtypes, device
 and options reads a dict, allocates its result and packs its data pointers."""
-import math
 from typing import NamedTuple, Optional
 
 import torch
@@ -17,7 +16,7 @@ import torch
 from .build import default_extension, device_gpu, options_extension
 from .constants import CLASS_INDICES, DTYPE_CODES, FUSED, MAX_SEG, REDUCTIONS
 from .inputs import DEFAULTS, Options, first_bad_target, prepare, samples_shape
-from .params import CALL_PARTS, PROBLEM_PARTS, workspace_layout
+from .params import CALL_PARTS, PROBLEM_PARTS, softcap_rate, workspace_layout
 from .policy import Plan, gradient_plan, plan_launch
 
 _workspaces = {}  # (device index, stream) -> int32 tensor whose counters and exact sum are back at zero
@@ -177,7 +176,7 @@ def problem_fields(rows, plan, options):
         DTYPE_CODES[targets.dtype] if probs else CLASS_INDICES,  # probs_dtype
         DTYPE_CODES[torch.float32],                        # grad_dtype
         softcap,                                           # softcap
-        2 / math.log(2) / softcap if softcap else 0.0,     # softcap_rate
+        softcap_rate(softcap),                             # softcap_rate
         cols,                                              # grad_row_stride
         0,                                                 # class_start
         0,                                                 # classes

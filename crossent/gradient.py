@@ -2,7 +2,6 @@
 (m, s), which the training forward saves, in one read of the logits and one write of the gradient
 (the gradient family); and a gradient written over the logits by the forward, scaled in place for an
 incoming gradient other than 1 (the scale family)."""
-import math
 
 import torch
 
@@ -10,7 +9,7 @@ from .build import device_gpu, options_extension
 from .constants import CLASS_INDICES, DTYPE_CODES, GRADIENT, REDUCTIONS, SCALE
 from .dispatch import Written, current_stream, empty_gradient
 from .inputs import as_rows
-from .params import NO_PARAMS, PARAMS_STRUCT
+from .params import NO_PARAMS, PARAMS_STRUCT, softcap_rate
 from .policy import gradient_plan
 
 
@@ -51,7 +50,7 @@ def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, prob
         smoothing_per_class=smoothing / (classes or cols), class_start=class_start, classes=classes,
         probs=t.data_ptr() if probs else 0, probs_stride=t.stride(0) if probs else 0,
         probs_dtype=DTYPE_CODES[t.dtype] if probs else CLASS_INDICES, softcap=softcap,
-        softcap_rate=2 / math.log(2) / softcap if softcap else 0.0, grad=dx.data_ptr(),
+        softcap_rate=softcap_rate(softcap), grad=dx.data_ptr(),
         grad_row_stride=as_rows(dx)[0].stride(0), grad_out=grad_out.data_ptr(),
         grad_dtype=DTYPE_CODES[grad_out.dtype], grad_scale=0 if scale is None else scale.data_ptr(),
         grad_lse=0 if grad_lse is None else grad_lse.data_ptr(),

@@ -2,6 +2,7 @@
 preamble() writes it as the kernels' `struct Params` (csrc's params.h, with the constants and the
 driver attributes the extension reads), and the dispatch packs it with PARAMS_STRUCT in the same
 layout (native alignment, as the C++ compiler lays it out); and the workspace a launch counts in."""
+import math
 import struct
 from collections import namedtuple
 
@@ -131,3 +132,7 @@ def workspace_layout(splits, rows):
     seg_bytes = 16 * rows * splits if splits > 1 else 0
     return exact_off, weight_off, seg_off, seg_off + seg_bytes
 
+
+def softcap_rate(softcap):
+    """Params.softcap_rate of a cap (0: none): 2 log2(e) / softcap, the factor of the cap's exp2."""
+    return 2 / math.log(2) / softcap if softcap else 0.0

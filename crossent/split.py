@@ -9,7 +9,7 @@ import torch
 from .build import options_extension
 from .constants import DTYPE_CODES, REDUCTIONS, SPLIT_MERGE, SPLIT_TERMS
 from .dispatch import current_stream, workspace
-from .params import NO_PARAMS, PARAMS_STRUCT, workspace_layout
+from .params import NO_PARAMS, PARAMS_STRUCT, softcap_rate, workspace_layout
 from .policy import split_grid
 
 
@@ -34,8 +34,9 @@ def split_terms(x, t, state, class_start, classes, options):
                 row_stride=x.stride(0), class_stride=x.stride(1), targets=t.data_ptr(), target_stride=t.stride(0),
                 target_bytes=t.element_size(), ignore_index=options.ignore_index,
                 weight=0 if weight is None else weight.data_ptr(), row_state=0 if state is None else state.data_ptr(),
-                label_smoothing=options.label_smoothing, softcap=options.softcap, class_start=class_start,
-                classes=classes, terms=terms.data_ptr())
+                label_smoothing=options.label_smoothing, softcap=options.softcap,
+                softcap_rate=softcap_rate(options.softcap), class_start=class_start, classes=classes,
+                terms=terms.data_ptr())
     return terms
 
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "../common/row_end.cuh"
+#include "../common/softcap.cuh"
 
 namespace {
 
@@ -23,7 +24,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_split_t
     }
     if (code >= 0) {
       float y = load_scalar<E>(logits + row * p.row_stride + code * p.class_stride);
-      if (p.softcap != 0.f) y = p.softcap * tanhf(y / p.softcap);
+      if (p.softcap != 0.f) y = logit<SoftCapped<E>>(p, y);  // as the forward caps it
       u = (1.f - p.label_smoothing) * weight_at<E>(p, p.class_start + code) * y;
     }
     p.terms[row] = make_float2(lse, u);

@@ -2,12 +2,13 @@
 #pragma once
 
 #include "../common/row_end.cuh"
+#include "../common/softcap.cuh"
 
 namespace {
 
 // What the other families do not take: probability targets, inputs of shape (N, C, d1, ..., dk)
 // whose classes lie d1 * ... * dk elements apart ("strided"), class weights with label smoothing,
-// and soft-capped logits (SoftCapped formats, whose values `logit` caps). A row (one sample
+// and soft-capped logits (SoftCapped formats, common/softcap.cuh). A row (one sample
 // position) streams through once and nothing of it is held: a running (m, s), a Gap and, for class
 // indices, the target's logit and class weight, loaded as the row starts. Every loss here is
 // sum_j c_j (lse - x_j), one Gap's W log(s) + sum_j c_j (base - x_j), with c_j the class's share:
@@ -24,38 +25,6 @@ template <class P>
 constexpr bool kIsProbs = !std::is_same<P, ClassIndices>::value;
 template <class E, class P>  // the probabilities' format; the logits' where there are none
 using ProbsFormat = typename std::conditional<kIsProbs<P>, P, E>::type;
-
-// E's logits, each passed through softcap * tanh(x / softcap) as it becomes a float (logit).
-template <class E>
-struct SoftCapped : E {};
-template <class E>
-constexpr bool kSoftCapped = false;
-template <class E>
-constexpr bool kSoftCapped<SoftCapped<E>> = true;
-
-// A logit as the loss sees it, and its slope d y / d x. Soft-capped: softcap * tanh(x / softcap), as
-// softcap - 2 softcap / (1 + e^(2x / softcap)): an exp and a reciprocal, both approximate, off by a
-// few softcap * 2^-24 at most, where the sum of exp counts each logit's error once ("Soft-capping").
-// -inf gives -softcap, +inf softcap, NaN NaN. The slope (the gradient's): with r = 1 / (1 + e),
-// 1 - (y / softcap)^2 = 4 r (1 - r), where 1 - r = e r is taken from e while e is small, so that
-// neither cancels; where it is not used, the compiler drops it.
-template <class E>
-__device__ __forceinline__ float logit_and_slope(const Params& p, float x, float& slope) {
-  slope = 1.f;
-  if constexpr (kSoftCapped<E>) {
-    const float e = exp2_approx(x * p.softcap_rate);
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
-    slope = 4.f * r * (e < 1.f ? e * r : 1.f - r);
-    return fmaf(-2.f * p.softcap, r, p.softcap);
-  }
-  return x;
-}
-template <class E>
-__device__ __forceinline__ float logit(const Params& p, float x) {
-  float slope;
-  return logit_and_slope<E>(p, x, slope);
-}
 
 // Class j's share of the row's loss given its weight (weight_at's); prob: p_j.
 template <bool kProbs>
