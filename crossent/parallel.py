@@ -136,17 +136,22 @@ def _merge(gathered):
     return torch.logsumexp(gathered[:, :, 0], 0), gathered[:, :, 1].sum(0)
 
 
+def _gather(terms, shard):
+    """Every rank's terms (rows x 2 each), ranks x rows x 2: the forward's one collective."""
+    world = dist.get_world_size(shard.group)
+    gathered = torch.empty((world, *terms.shape), dtype=terms.dtype, device=terms.device)
+    _all_gather(gathered.view(-1), terms.reshape(-1), group=shard.group)
+    return gathered
+
+
 def _composite_forward(x, t, shard, options):
     """(loss, lse, divisor, rows) by PyTorch's operations: the loss in float32 (float64 for float64
     logits), reduction none's a row, the mean's divisor, and the rows' RowTerms."""
-    n, cols = x.shape
+    cols = x.shape[1]
     dtype = wide_dtype(x.dtype)
     rows = _row_terms(t, cols, shard, options, dtype)
     terms = torch.stack((_local_lse(x, options), _linear_terms(x, shard, options, rows)), 1)
-    world = dist.get_world_size(shard.group)
-    gathered = torch.empty((world * n * 2,), dtype=dtype, device=x.device)
-    _all_gather(gathered, terms.reshape(-1), group=shard.group)  # the one collective
-    lse, u = _merge(gathered.view(world, n, 2))
+    lse, u = _merge(_gather(terms, shard))
     per_row = rows.a * lse - u
     if options.z_loss:  # (not 0 * lse**2: inf past float32's range, and NaN)
         per_row = per_row + options.z_loss * lse**2
@@ -194,14 +199,12 @@ def _gradient(x, lse, grad, grad_lse, divisor, shard, options, rows, inplace=Fal
 
 def _kernel_forward(x, t, shard, options):
     """split.Merged by the kernels (in the loss's dtype; reduction none's a row in float32)."""
-    n, cols = x.shape
+    cols = x.shape[1]
     terms = split_terms(x, t, row_state(x, t, options) if cols else None, shard.start, shard.vocab, options)
     if options.label_smoothing and cols:
         terms[:, 1] += _smoothing_terms(x, shard, options)
-    world = dist.get_world_size(shard.group)
-    gathered = torch.empty((world * n * 2,), dtype=torch.float32, device=x.device)
-    _all_gather(gathered, terms.reshape(-1), group=shard.group)  # the one collective
-    return split_merge(gathered, t, shard.vocab, world, options, x.dtype)
+    gathered = _gather(terms, shard)
+    return split_merge(gathered, t, shard.vocab, gathered.shape[0], options, x.dtype)
 
 
 def _kernel_gradient(x, t, state, scale, grad, grad_lse, shard, options, inplace=False):

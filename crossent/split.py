@@ -13,11 +13,9 @@ from .params import NO_PARAMS, PARAMS_STRUCT, softcap_rate, workspace_layout
 from .policy import split_grid
 
 
-def _launch(family, device, rows, **fields):
-    stream = current_stream(device)
+def _launch(family, device, stream, rows, **fields):
     params = NO_PARAMS._replace(family=family, rows=rows, grid=split_grid(rows), device=device, stream=stream, **fields)
     options_extension().launch(PARAMS_STRUCT.pack(*params))
-    return stream
 
 
 def split_terms(x, t, state, class_start, classes, options):
@@ -30,9 +28,10 @@ def split_terms(x, t, state, class_start, classes, options):
     terms = torch.empty((rows, 2), dtype=torch.float32, device=x.device)
     if rows:
         weight = options.weight
-        _launch(SPLIT_TERMS, x.get_device(), rows, cols=cols, dtype=DTYPE_CODES[x.dtype], logits=x.data_ptr(),
-                row_stride=x.stride(0), class_stride=x.stride(1), targets=t.data_ptr(), target_stride=t.stride(0),
-                target_bytes=t.element_size(), ignore_index=options.ignore_index,
+        device = x.get_device()
+        _launch(SPLIT_TERMS, device, current_stream(device), rows, cols=cols, dtype=DTYPE_CODES[x.dtype],
+                logits=x.data_ptr(), row_stride=x.stride(0), class_stride=x.stride(1), targets=t.data_ptr(),
+                target_stride=t.stride(0), target_bytes=t.element_size(), ignore_index=options.ignore_index,
                 weight=0 if weight is None else weight.data_ptr(), row_state=0 if state is None else state.data_ptr(),
                 label_smoothing=options.label_smoothing, softcap=options.softcap,
                 softcap_rate=softcap_rate(options.softcap), class_start=class_start, classes=classes,
@@ -65,9 +64,10 @@ def split_merge(gathered, t, classes, ranks, options, dtype):
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing else None
     exact_off, weight_off, _, nbytes = workspace_layout(1, rows)
     index = device.index
-    ws = workspace(index, current_stream(index), nbytes)  # held until the launch
+    stream = current_stream(index)
+    ws = workspace(index, stream, nbytes)  # held until the launch
     base = ws.data_ptr()
-    _launch(SPLIT_MERGE, index, rows, dtype=DTYPE_CODES[dtype], targets=t.data_ptr(), target_stride=t.stride(0),
+    _launch(SPLIT_MERGE, index, stream, rows, dtype=DTYPE_CODES[dtype], targets=t.data_ptr(), target_stride=t.stride(0),
             target_bytes=t.element_size(), ignore_index=options.ignore_index, reduction=REDUCTIONS[options.reduction],
             float32_out=options.float32_loss, weight=0 if weight is None else weight.data_ptr(),
             weight_total=0 if weight_total is None else weight_total.data_ptr(), label_smoothing=smoothing,
