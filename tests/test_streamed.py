@@ -209,6 +209,8 @@ def test_class_weights_with_label_smoothing(dtype, reduction):
     for name, x in views(64, 1003, dtype):
         t, w = targets(64, 1003), torch.rand(1003, device="cuda").to(dtype)
         check(x, t, reduction=reduction, weight=w, label_smoothing=0.3)
+        w_off = torch.rand(1004, device="cuda").to(dtype)[1:]  # the weights themselves off every grid
+        check(x, t, reduction=reduction, weight=w_off, label_smoothing=0.3)
 
 
 @pytest.mark.gpu
