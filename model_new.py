@@ -60,7 +60,7 @@ IGNORE_INDEX = -100      # PyTorch's default: the default build skips it, the op
 
 # The codes a parameter block carries.
 # The kernel families.
-ROWS, TILES, ROW_BATCHES, ONE_ROW, STREAMED, GRADIENT, FUSED, SCALE, SPLIT_TERMS, SPLIT_MERGE = range(10)
+ROWS, TILES, ROW_BATCHES, ONE_ROW, STREAMED, GRADIENT, FUSED, SCALE, SPLIT_TERMS, SPLIT_MERGE, ROUND = range(11)
 VECTOR_SWEEPS, ELEMENT_SWEEPS, PAIR_SWEEPS = range(3)  # how the tiles' kernel reduces a row (policy._sweeps)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 CLASS_INDICES = -1       # a streamed launch's probs_dtype for class-index targets
@@ -75,7 +75,7 @@ KERNEL_CONSTANTS = {
     "kFamilyRows": ROWS, "kFamilyTiles": TILES, "kFamilyRowBatches": ROW_BATCHES, "kFamilyOneRow": ONE_ROW,
     "kFamilyStreamed": STREAMED, "kFamilyGradient": GRADIENT, "kGradientVecs": GRADIENT_VECS,
     "kFamilyFused": FUSED, "kFamilyScale": SCALE, "kFusedVecs": FUSED_VECS, "kFusedClusterCtas": FUSED_CLUSTER_CTAS,
-    "kFamilySplitTerms": SPLIT_TERMS, "kFamilySplitMerge": SPLIT_MERGE,
+    "kFamilySplitTerms": SPLIT_TERMS, "kFamilySplitMerge": SPLIT_MERGE, "kFamilyRound": ROUND,
     "kClassIndices": CLASS_INDICES, "kStreamVecs": STREAM_VECS, "kQuad": QUAD,
     "kQuadClasses": QUAD_CLASSES, "kQuadStageBytes": QUAD_STAGE_BYTES,
     "kVectorSweeps": VECTOR_SWEEPS, "kElementSweeps": ELEMENT_SWEEPS, "kPairSweeps": PAIR_SWEEPS,
@@ -127,10 +127,10 @@ def gpu_from(attributes):
 # ==========================================================================================
 # crossent/policy.py
 """The launch policy: for each problem the kernel family (plan_launch: _family), then the kind of load
-(_evict_first), then that family's launch shape; and the gradient's, the fused family's and a split
-vocabulary's launches (gradient_plan, _fused_plan, split_grid). Pure functions of the problem's shape
-and of a Gpu's figures: no device is needed to read or test them. The figures behind each rule are in
-docs/design, in the section the comment names."""
+(_evict_first), then that family's launch shape; and the gradient's, the fused family's, a split
+vocabulary's and a float32 sum's rounding launches (gradient_plan, _fused_plan, split_grid,
+round_grid). Pure functions of the problem's shape and of a Gpu's figures: no device is needed to
+read or test them. The figures behind each rule are in docs/design, in the section the comment names."""
 
 
 # The host's alone:
@@ -164,6 +164,7 @@ _CTA_SHARED_BYTES = {
     SCALE: 1024,
     SPLIT_TERMS: 1024,
     SPLIT_MERGE: 1024,
+    ROUND: 1024,
 }
 
 
@@ -315,6 +316,12 @@ def split_grid(rows):
     and one where there is no row (the merge's last CTA stores the loss). The same on every GPU: the
     merge's sums follow the grid, and every rank must get the same bits."""
     return max(1, min(SPLIT_CTAS, -(-rows // THREADS)))
+
+
+def round_grid(elements, gpu):
+    """A float32 sum's rounding launch (families/scale.cuh): every CTA that fits, or as many as give
+    each thread a 16-byte vector of the sum."""
+    return max(1, min(_max_grid(ROUND, gpu), -(-elements // (4 * THREADS))))
 
 
 def _fused_plan(rows, cols, elem_bytes, gpu, capped=False):
@@ -1024,6 +1031,18 @@ struct F16 : Packed16<F16> {
     return h;
   }
 };
+
+// kPerVec floats as one 16-byte vector of E, each rounded once.
+template <class E>
+__device__ __forceinline__ uint4 vector_of(const float (&v)[E::kPerVec]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (E::kPerVec == 4) w[k] = __float_as_uint(v[k]);
+    else w[k] = uint32_t(E::bits(v[2 * k])) | uint32_t(E::bits(v[2 * k + 1])) << 16;
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
 
 // One scalar from global memory, as a float.
 template <class E>
@@ -1968,18 +1987,6 @@ static_assert(kGradientVecs % 2 == 0, "probabilities take half the vectors a lan
 static_assert(4 * kFusedVecs <= 65536 / (kThreads * kCtasPerSm) / 2,
               "the fused family's row takes at most half the registers its launch bounds leave a lane");
 
-// kPerVec floats as one 16-byte vector of E, each rounded once.
-template <class E>
-__device__ __forceinline__ uint4 vector_of(const float (&v)[E::kPerVec]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    if constexpr (E::kPerVec == 4) w[k] = __float_as_uint(v[k]);
-    else w[k] = uint32_t(E::bits(v[2 * k])) | uint32_t(E::bits(v[2 * k + 1])) << 16;
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 // What a row's gradient starts from, loaded a row ahead: its (m, s), its incoming gradients
 // (the loss's for reduction none; the log-sum-exp's), its target, and whether the fused forward's
 // gradient stands: the loss's incoming gradient as given is 1 and no log-sum-exp's reaches the row.
@@ -2910,7 +2917,7 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_rows_ke
 }  // namespace
 """,
     # ------------------------------------------------------------ crossent/csrc/families/scale.cuh
-    "families/scale.cuh": r"""// The gradient scaled in place (the options build).
+    "families/scale.cuh": r"""// Scaling (the options build): a gradient scaled in place, and float32 sums scaled into their dtype.
 #pragma once
 
 #include "../common/row_end.cuh"
@@ -2939,9 +2946,61 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_scale_k
   }
 }
 
+// A float32 sum scaled and rounded once into its own dtype E: the linear loss's gradients of its input,
+// weight and bias, summed over the chunks in float32 (crossent/linear.py). The rows x cols floats at
+// p.logits, row r times its factor p.grad_scale[r] (reduction none) or all of them times
+// p.grad_scale[0], into p.grad. A piece is kWidth elements: a vector's (E::kPerVec: one or two 16-byte
+// loads, one 16-byte store) where rows are whole vectors and both arrays sit on the 16-byte grid, else
+// one; a thread has kBatch pieces loaded before it stores any, which keeps enough bytes in flight.
+template <class E, int kWidth>
+__device__ __forceinline__ void round_pieces(const Params& p) {
+  using S = typename E::Storage;
+  constexpr int kBatch = 4;
+  const long long per_row = p.cols / kWidth, n = p.rows * per_row, threads = (long long)gridDim.x * kThreads;
+  const bool by_row = p.reduction == kReductionNone;
+  const float all = __ldg(p.grad_scale);
+  const float* sum = static_cast<const float*>(p.logits);
+  S* out = static_cast<S*>(p.grad);
+  for (long long i0 = (long long)blockIdx.x * kThreads + threadIdx.x; i0 < n; i0 += kBatch * threads) {
+    float v[kBatch][kWidth];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const long long i = i0 + u * threads;
+      if (i >= n) break;
+      if constexpr (kWidth == 1) {
+        v[u][0] = __ldcs(sum + i);
+      } else {
+#pragma unroll
+        for (int h = 0; h < kWidth / 4; ++h) {
+          const float4 f = __ldcs(reinterpret_cast<const float4*>(sum) + i * (kWidth / 4) + h);
+          v[u][4 * h] = f.x, v[u][4 * h + 1] = f.y, v[u][4 * h + 2] = f.z, v[u][4 * h + 3] = f.w;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const long long i = i0 + u * threads;
+      if (i >= n) break;
+      const float g = by_row ? __ldg(p.grad_scale + i / per_row) : all;
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) v[u][k] *= g;
+      if constexpr (kWidth == 1) E::store(out + i, v[u][0]);
+      else reinterpret_cast<uint4*>(out)[i] = vector_of<E>(v[u]);
+    }
+  }
+}
+
+template <class E>
+__global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_round_kernel(const Params p) {
+  const bool on_grid = ((reinterpret_cast<uintptr_t>(p.logits) | reinterpret_cast<uintptr_t>(p.grad)) & 15) == 0;
+  if (on_grid && p.cols % E::kPerVec == 0) round_pieces<E, E::kPerVec>(p);
+  else round_pieces<E, 1>(p);
+}
+
 template <class E>
 void launch_scale(const Params& p) {
-  cross_entropy_scale_kernel<E><<<p.grid, kThreads, 0, p.stream>>>(p);
+  if (p.family == kFamilyRound) cross_entropy_round_kernel<E><<<p.grid, kThreads, 0, p.stream>>>(p);
+  else cross_entropy_scale_kernel<E><<<p.grid, kThreads, 0, p.stream>>>(p);
 }
 
 }  // namespace
@@ -3740,7 +3799,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_tiles_k
 namespace {
 
 // The options build's families, which it puts ahead of this file (families/streamed.cuh, gradient.cuh,
-// fused.cuh, scale.cuh, split.cuh); the default build has none of them and never names them (kOptions).
+// fused.cuh, scale.cuh with the round family, split.cuh); the default build has none of them and never
+// names them (kOptions).
 template <class E>
 void launch_streamed(const Params& p);
 template <class E>
@@ -3797,7 +3857,7 @@ void launch_for_family(const Params& p) {
     if (p.family == kFamilyStreamed) return launch_streamed<E>(p);
     if (p.family == kFamilyGradient) return launch_gradient<E>(p);
     if (p.family == kFamilyFused) return launch_fused<E>(p);
-    if (p.family == kFamilyScale) return launch_scale<E>(p);
+    if (p.family == kFamilyScale || p.family == kFamilyRound) return launch_scale<E>(p);
     if (p.family == kFamilySplitTerms || p.family == kFamilySplitMerge) return launch_split<E>(p);
   }
   if (p.target_bytes == 8) launch_for_loads<E, long long>(p);
@@ -3822,7 +3882,8 @@ std::string device_attributes(int device) {
 void launch_params(const Params& p) {
   const bool options_family = kOptions && (p.family == kFamilyStreamed || p.family == kFamilyGradient ||
                                             p.family == kFamilyFused || p.family == kFamilyScale ||
-                                            p.family == kFamilySplitTerms || p.family == kFamilySplitMerge);
+                                            p.family == kFamilySplitTerms || p.family == kFamilySplitMerge ||
+                                            p.family == kFamilyRound);
   const bool known = (p.family == kFamilyRows || p.family == kFamilyTiles || p.family == kFamilyRowBatches ||
                       p.family == kFamilyOneRow || options_family) &&
                      (p.dtype == kFloat32 || p.dtype == kBFloat16 || p.dtype == kFloat16) &&
@@ -3836,7 +3897,7 @@ void launch_params(const Params& p) {
                        (p.group <= kThreads || (p.softcap == 0.f && p.grid % (p.group / kThreads) == 0)) &&
                        p.probs_dtype == kClassIndices &&
                        p.class_stride == 1)) &&
-                     (p.family != kFamilySplitMerge || p.ranks >= 1);
+                     (p.family != kFamilySplitMerge || p.ranks >= 1) && (p.family != kFamilyRound || p.grad_scale);
   if (!known) throw std::invalid_argument("cross-entropy launch: unknown kernel family or dtype");
   int previous = 0;
   cudaGetDevice(&previous);
@@ -4849,8 +4910,9 @@ def node_forward(logits, called, options, check_targets=False):
 # crossent/gradient.py
 """The backward's launches: d loss / d logits (and d loss / d probability targets) from every row's
 (m, s), which the training forward saves, in one read of the logits and one write of the gradient
-(the gradient family); and a gradient written over the logits by the forward, scaled in place for an
-incoming gradient other than 1 (the scale family)."""
+(the gradient family); a gradient written over the logits by the forward, scaled in place for an
+incoming gradient other than 1 (the scale family); and a float32 sum scaled into its own dtype,
+rounded once (the round family)."""
 
 
 def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, probs_grad=False, written=None,
@@ -4919,6 +4981,24 @@ def scale_in_place(dx, grad, reduction):
     _launch_on_rows(SCALE, x, rows, class_stride, reduction=REDUCTIONS[reduction], grad=x.data_ptr(),
                     grad_row_stride=x.stride(0), grad_in=grad_in.data_ptr(), grad_dtype=DTYPE_CODES[grad_in.dtype])
     return dx
+
+
+def round_scaled(total, factor, out):
+    """out = total * factor, rounded once to out's dtype (cross_entropy_round_kernel): total, a
+    contiguous float32 sum of out's shape; factor, float32 on the device, one for each of total's
+    rows (its first dimension) or one for all of it. Returns out."""
+    if not out.numel():
+        return out
+    index = total.get_device()
+    by_row = factor.numel() != 1
+    rows, cols = (total.shape[0], total[0].numel()) if by_row else (1, total.numel())
+    factor = factor.reshape(-1).contiguous()
+    params = NO_PARAMS._replace(rows=rows, cols=cols, family=ROUND, dtype=DTYPE_CODES[out.dtype],
+                                grid=round_grid(total.numel(), device_gpu(index)), device=index,
+                                stream=current_stream(index), logits=total.data_ptr(), grad=out.data_ptr(),
+                                grad_scale=factor.data_ptr(), reduction=REDUCTIONS["none" if by_row else "sum"])
+    options_extension().launch(PARAMS_STRUCT.pack(*params))
+    return out
 
 
 def _launch_on_rows(family, x, rows, class_stride, **fields):

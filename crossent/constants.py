@@ -30,7 +30,7 @@ IGNORE_INDEX = -100      # PyTorch's default: the default build skips it, the op
 
 # The codes a parameter block carries.
 # The kernel families.
-ROWS, TILES, ROW_BATCHES, ONE_ROW, STREAMED, GRADIENT, FUSED, SCALE, SPLIT_TERMS, SPLIT_MERGE = range(10)
+ROWS, TILES, ROW_BATCHES, ONE_ROW, STREAMED, GRADIENT, FUSED, SCALE, SPLIT_TERMS, SPLIT_MERGE, ROUND = range(11)
 VECTOR_SWEEPS, ELEMENT_SWEEPS, PAIR_SWEEPS = range(3)  # how the tiles' kernel reduces a row (policy._sweeps)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 CLASS_INDICES = -1       # a streamed launch's probs_dtype for class-index targets
@@ -45,7 +45,7 @@ KERNEL_CONSTANTS = {
     "kFamilyRows": ROWS, "kFamilyTiles": TILES, "kFamilyRowBatches": ROW_BATCHES, "kFamilyOneRow": ONE_ROW,
     "kFamilyStreamed": STREAMED, "kFamilyGradient": GRADIENT, "kGradientVecs": GRADIENT_VECS,
     "kFamilyFused": FUSED, "kFamilyScale": SCALE, "kFusedVecs": FUSED_VECS, "kFusedClusterCtas": FUSED_CLUSTER_CTAS,
-    "kFamilySplitTerms": SPLIT_TERMS, "kFamilySplitMerge": SPLIT_MERGE,
+    "kFamilySplitTerms": SPLIT_TERMS, "kFamilySplitMerge": SPLIT_MERGE, "kFamilyRound": ROUND,
     "kClassIndices": CLASS_INDICES, "kStreamVecs": STREAM_VECS, "kQuad": QUAD,
     "kQuadClasses": QUAD_CLASSES, "kQuadStageBytes": QUAD_STAGE_BYTES,
     "kVectorSweeps": VECTOR_SWEEPS, "kElementSweeps": ELEMENT_SWEEPS, "kPairSweeps": PAIR_SWEEPS,

@@ -1,16 +1,17 @@
 """The backward's launches: d loss / d logits (and d loss / d probability targets) from every row's
 (m, s), which the training forward saves, in one read of the logits and one write of the gradient
-(the gradient family); and a gradient written over the logits by the forward, scaled in place for an
-incoming gradient other than 1 (the scale family)."""
+(the gradient family); a gradient written over the logits by the forward, scaled in place for an
+incoming gradient other than 1 (the scale family); and a float32 sum scaled into its own dtype,
+rounded once (the round family)."""
 
 import torch
 
 from .build import device_gpu, options_extension
-from .constants import CLASS_INDICES, DTYPE_CODES, GRADIENT, REDUCTIONS, SCALE
+from .constants import CLASS_INDICES, DTYPE_CODES, GRADIENT, REDUCTIONS, ROUND, SCALE
 from .dispatch import Written, current_stream, empty_gradient
 from .inputs import as_rows
 from .params import NO_PARAMS, PARAMS_STRUCT, softcap_rate
-from .policy import gradient_plan
+from .policy import gradient_plan, round_grid
 
 
 def cross_entropy_backward(grad, grad_lse, logits, targets, state, options, probs_grad=False, written=None,
@@ -79,6 +80,24 @@ def scale_in_place(dx, grad, reduction):
     _launch_on_rows(SCALE, x, rows, class_stride, reduction=REDUCTIONS[reduction], grad=x.data_ptr(),
                     grad_row_stride=x.stride(0), grad_in=grad_in.data_ptr(), grad_dtype=DTYPE_CODES[grad_in.dtype])
     return dx
+
+
+def round_scaled(total, factor, out):
+    """out = total * factor, rounded once to out's dtype (cross_entropy_round_kernel): total, a
+    contiguous float32 sum of out's shape; factor, float32 on the device, one for each of total's
+    rows (its first dimension) or one for all of it. Returns out."""
+    if not out.numel():
+        return out
+    index = total.get_device()
+    by_row = factor.numel() != 1
+    rows, cols = (total.shape[0], total[0].numel()) if by_row else (1, total.numel())
+    factor = factor.reshape(-1).contiguous()
+    params = NO_PARAMS._replace(rows=rows, cols=cols, family=ROUND, dtype=DTYPE_CODES[out.dtype],
+                                grid=round_grid(total.numel(), device_gpu(index)), device=index,
+                                stream=current_stream(index), logits=total.data_ptr(), grad=out.data_ptr(),
+                                grad_scale=factor.data_ptr(), reduction=REDUCTIONS["none" if by_row else "sum"])
+    options_extension().launch(PARAMS_STRUCT.pack(*params))
+    return out
 
 
 def _launch_on_rows(family, x, rows, class_stride, **fields):

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from .api import kernels_take, routed_loss
 from .composite import composite_loss
 from .dispatch import train_forward
-from .gradient import cross_entropy_backward, mean_divisor, unit_gradient_over
+from .gradient import cross_entropy_backward, mean_divisor, round_scaled, unit_gradient_over
 from .inputs import Options, check_no_weight_grad, check_options, check_targets_from_env, wide_dtype
 from .ops import OP_NAMESPACE
 
@@ -107,6 +107,16 @@ def _matmul_into(out, a, b, accumulate):
     return out.add_(product) if accumulate else out.copy_(product)
 
 
+def _rounded(total, factor, like, kernels):
+    """total (a float32 or float64 sum) times factor (one a row, or one), rounded once into a tensor
+    like `like`: by the kernels' launch where they take the step (PyTorch's multiply into another
+    dtype takes its loop without vectors), else by PyTorch's."""
+    out = torch.empty_like(like)
+    if kernels and out.is_contiguous():
+        return round_scaled(total, factor, out)
+    return torch.mul(total, factor.reshape(-1, *[1] * (total.dim() - 1)) if factor.dim() else factor, out=out)
+
+
 def _logits(x, w, b):
     return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
 
@@ -175,10 +185,9 @@ def backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options: Opti
         # An ignored row's gradient is 0 and no other row's reaches it, whatever the scale (inf where
         # no row counts, the mean's 0 / 0); dw and db are sums over the rows: 0 where none counts.
         any_row = torch.where(counted.any(), scale, 0)
-        dx_out = torch.mul(dx, torch.where(counted, scale, 0)[:, None], out=torch.empty_like(x)) if wanted[0] else None
-        dw_out = torch.mul(dw, any_row, out=torch.empty_like(w)) if wanted[1] else None
-        db_out = torch.mul(db, any_row, out=torch.empty_like(b)) if wanted[2] else None
-        return dx_out, dw_out, db_out
+        factors = torch.where(counted, scale, 0), any_row, any_row
+        return tuple(_rounded(total, factor, like, step.kernels) if want else None
+                     for total, factor, like, want in zip((dx, dw, db), factors, (x, w, b), wanted))
     rows, kernels = x.shape[0], step.kernels
     row_options = options._replace(reduction="none", return_lse=False, float32_loss=True)
     per_row = scale if options.reduction == "none" else scale.expand(rows)

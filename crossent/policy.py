@@ -1,14 +1,14 @@
 """The launch policy: for each problem the kernel family (plan_launch: _family), then the kind of load
-(_evict_first), then that family's launch shape; and the gradient's, the fused family's and a split
-vocabulary's launches (gradient_plan, _fused_plan, split_grid). Pure functions of the problem's shape
-and of a Gpu's figures: no device is needed to read or test them. The figures behind each rule are in
-docs/design, in the section the comment names."""
+(_evict_first), then that family's launch shape; and the gradient's, the fused family's, a split
+vocabulary's and a float32 sum's rounding launches (gradient_plan, _fused_plan, split_grid,
+round_grid). Pure functions of the problem's shape and of a Gpu's figures: no device is needed to
+read or test them. The figures behind each rule are in docs/design, in the section the comment names."""
 from typing import NamedTuple
 
 from .constants import (BATCH, CTAS_PER_SM, CTAS_PER_SM_MORE_REGISTERS, ELEMENT_SWEEPS, FUSED, FUSED_CLUSTER_CTAS,
                         FUSED_VECS, GRADIENT, GRADIENT_VECS, MAX_SEG, ONE_ROW, ONE_ROW_THREADS, ONE_ROW_THREADS_SM75,
-                        PAIR_SWEEPS, QUAD, QUAD_CLASSES, QUAD_STAGE_BYTES, ROW_BATCH_LOADS, ROW_BATCHES, ROWS, SCALE,
-                        SEG_SLAB, SHORT_TAIL, SPLIT_CTAS, SPLIT_MERGE, SPLIT_TERMS, STREAM_VECS, STREAMED, THREADS,
+                        PAIR_SWEEPS, QUAD, QUAD_CLASSES, QUAD_STAGE_BYTES, ROW_BATCH_LOADS, ROUND, ROW_BATCHES, ROWS,
+                        SCALE, SEG_SLAB, SHORT_TAIL, SPLIT_CTAS, SPLIT_MERGE, SPLIT_TERMS, STREAM_VECS, STREAMED, THREADS,
                         TILE_MIN_ROWS, TILE_TARGETS, TILES, VECTOR_SWEEPS)
 
 # The host's alone:
@@ -42,6 +42,7 @@ _CTA_SHARED_BYTES = {
     SCALE: 1024,
     SPLIT_TERMS: 1024,
     SPLIT_MERGE: 1024,
+    ROUND: 1024,
 }
 
 
@@ -193,6 +194,12 @@ def split_grid(rows):
     and one where there is no row (the merge's last CTA stores the loss). The same on every GPU: the
     merge's sums follow the grid, and every rank must get the same bits."""
     return max(1, min(SPLIT_CTAS, -(-rows // THREADS)))
+
+
+def round_grid(elements, gpu):
+    """A float32 sum's rounding launch (families/scale.cuh): every CTA that fits, or as many as give
+    each thread a 16-byte vector of the sum."""
+    return max(1, min(_max_grid(ROUND, gpu), -(-elements // (4 * THREADS))))
 
 
 def _fused_plan(rows, cols, elem_bytes, gpu, capped=False):

@@ -89,6 +89,6 @@ def test_a_file_ahead_of_what_it_includes_is_refused():
 def test_the_default_build_leaves_the_training_families_out():
     default, options = build.cuda_source(False), build.cuda_source(True)
     for kernel in ("cross_entropy_streamed_kernel", "cross_entropy_gradient_kernel", "cross_entropy_fused_kernel",
-                   "cross_entropy_scale_kernel"):
+                   "cross_entropy_scale_kernel", "cross_entropy_round_kernel"):
         assert kernel not in default and kernel in options
     assert "constexpr bool kOptions = false;" in default and "constexpr bool kOptions = true;" in options

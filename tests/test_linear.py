@@ -285,6 +285,39 @@ def test_every_option_on_the_gpu_is_float64s_rounded(dtype, shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_the_rounding_launch_is_the_float32_product_rounded(dtype):
+    """The backward's rounding of a float32 sum (gradient.round_scaled): total * factor in float32,
+    rounded once to the dtype, bit for bit, with a factor a row or one for all, 0, inf and NaN among
+    them; rows of whole vectors, rows that are not (the element loop), and a sum off the 16-byte grid."""
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    for rows, cols, offset in ((257, 4096, 0), (33, 1000, 0), (5, 7, 0), (64, 256, 1), (1, 50257, 0)):
+        base = torch.randn(rows * cols + offset, generator=generator, device="cuda") * 1e3
+        total = base[offset:].view(rows, cols)
+        for factors in (torch.rand(rows, generator=generator, device="cuda"), torch.rand((), device="cuda")):
+            if factors.dim():
+                factors[::3], factors[1::5] = 0, float("inf")
+                factors[2::7] = float("nan")
+            got = crossent.gradient.round_scaled(total, factors, torch.empty(rows, cols, dtype=dtype, device="cuda"))
+            want = (total * (factors[:, None] if factors.dim() else factors)).to(dtype)
+            assert torch.equal(got.isnan(), want.isnan()), (rows, cols, offset)
+            assert torch.equal(got.nan_to_num(), want.nan_to_num()), (rows, cols, offset)
+
+
+@pytest.mark.gpu
+def test_rows_that_do_not_count_on_the_gpu():
+    """Every target ignored: gradients 0, not 0 * inf; class weights summing to 0 over the counted
+    rows: PyTorch's NaN there and 0 on the ignored rows."""
+    x, w, b, t = _operands(64, 32, 1000, torch.bfloat16, "cuda", bias=True)
+    for targets, weight in ((torch.full_like(t, -100), None), (t, torch.zeros(1000, device="cuda").bfloat16())):
+        got, got_grads = _step(_chunked(16), x, w, b, targets, dict(weight=weight))
+        want, want_grads = _step(_unchunked, x, w, b, targets, dict(weight=weight))
+        torch.testing.assert_close(got[0], want[0].to(got[0].dtype), equal_nan=True)
+        for g, e in zip(got_grads, want_grads):
+            assert torch.equal(g.isnan(), e.isnan()) and not g.nan_to_num().any() and not e.nan_to_num().any()
+
+
+@pytest.mark.gpu
 def test_the_operator_passes_torchs_checks_on_the_gpu():
     _opcheck("cuda", [(True, "mean"), (True, "sum"), (False, "none")])
 

@@ -8,7 +8,8 @@
 namespace {
 
 // The options build's families, which it puts ahead of this file (families/streamed.cuh, gradient.cuh,
-// fused.cuh, scale.cuh, split.cuh); the default build has none of them and never names them (kOptions).
+// fused.cuh, scale.cuh with the round family, split.cuh); the default build has none of them and never
+// names them (kOptions).
 template <class E>
 void launch_streamed(const Params& p);
 template <class E>
@@ -65,7 +66,7 @@ void launch_for_family(const Params& p) {
     if (p.family == kFamilyStreamed) return launch_streamed<E>(p);
     if (p.family == kFamilyGradient) return launch_gradient<E>(p);
     if (p.family == kFamilyFused) return launch_fused<E>(p);
-    if (p.family == kFamilyScale) return launch_scale<E>(p);
+    if (p.family == kFamilyScale || p.family == kFamilyRound) return launch_scale<E>(p);
     if (p.family == kFamilySplitTerms || p.family == kFamilySplitMerge) return launch_split<E>(p);
   }
   if (p.target_bytes == 8) launch_for_loads<E, long long>(p);
@@ -90,7 +91,8 @@ std::string device_attributes(int device) {
 void launch_params(const Params& p) {
   const bool options_family = kOptions && (p.family == kFamilyStreamed || p.family == kFamilyGradient ||
                                             p.family == kFamilyFused || p.family == kFamilyScale ||
-                                            p.family == kFamilySplitTerms || p.family == kFamilySplitMerge);
+                                            p.family == kFamilySplitTerms || p.family == kFamilySplitMerge ||
+                                            p.family == kFamilyRound);
   const bool known = (p.family == kFamilyRows || p.family == kFamilyTiles || p.family == kFamilyRowBatches ||
                       p.family == kFamilyOneRow || options_family) &&
                      (p.dtype == kFloat32 || p.dtype == kBFloat16 || p.dtype == kFloat16) &&
@@ -104,7 +106,7 @@ void launch_params(const Params& p) {
                        (p.group <= kThreads || (p.softcap == 0.f && p.grid % (p.group / kThreads) == 0)) &&
                        p.probs_dtype == kClassIndices &&
                        p.class_stride == 1)) &&
-                     (p.family != kFamilySplitMerge || p.ranks >= 1);
+                     (p.family != kFamilySplitMerge || p.ranks >= 1) && (p.family != kFamilyRound || p.grad_scale);
   if (!known) throw std::invalid_argument("cross-entropy launch: unknown kernel family or dtype");
   int previous = 0;
   cudaGetDevice(&previous);

@@ -111,6 +111,18 @@ struct F16 : Packed16<F16> {
   }
 };
 
+// kPerVec floats as one 16-byte vector of E, each rounded once.
+template <class E>
+__device__ __forceinline__ uint4 vector_of(const float (&v)[E::kPerVec]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    if constexpr (E::kPerVec == 4) w[k] = __float_as_uint(v[k]);
+    else w[k] = uint32_t(E::bits(v[2 * k])) | uint32_t(E::bits(v[2 * k + 1])) << 16;
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // One scalar from global memory, as a float.
 template <class E>
 __device__ __forceinline__ float load_scalar(const typename E::Storage* p) { return E::value(__ldg(p)); }

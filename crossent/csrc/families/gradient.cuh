@@ -31,18 +31,6 @@ static_assert(kGradientVecs % 2 == 0, "probabilities take half the vectors a lan
 static_assert(4 * kFusedVecs <= 65536 / (kThreads * kCtasPerSm) / 2,
               "the fused family's row takes at most half the registers its launch bounds leave a lane");
 
-// kPerVec floats as one 16-byte vector of E, each rounded once.
-template <class E>
-__device__ __forceinline__ uint4 vector_of(const float (&v)[E::kPerVec]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    if constexpr (E::kPerVec == 4) w[k] = __float_as_uint(v[k]);
-    else w[k] = uint32_t(E::bits(v[2 * k])) | uint32_t(E::bits(v[2 * k + 1])) << 16;
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 // What a row's gradient starts from, loaded a row ahead: its (m, s), its incoming gradients
 // (the loss's for reduction none; the log-sum-exp's), its target, and whether the fused forward's
 // gradient stands: the loss's incoming gradient as given is 1 and no log-sum-exp's reaches the row.

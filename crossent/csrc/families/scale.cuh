@@ -1,4 +1,4 @@
-// The gradient scaled in place (the options build).
+// Scaling (the options build): a gradient scaled in place, and float32 sums scaled into their dtype.
 #pragma once
 
 #include "../common/row_end.cuh"
@@ -27,9 +27,61 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_scale_k
   }
 }
 
+// A float32 sum scaled and rounded once into its own dtype E: the linear loss's gradients of its input,
+// weight and bias, summed over the chunks in float32 (crossent/linear.py). The rows x cols floats at
+// p.logits, row r times its factor p.grad_scale[r] (reduction none) or all of them times
+// p.grad_scale[0], into p.grad. A piece is kWidth elements: a vector's (E::kPerVec: one or two 16-byte
+// loads, one 16-byte store) where rows are whole vectors and both arrays sit on the 16-byte grid, else
+// one; a thread has kBatch pieces loaded before it stores any, which keeps enough bytes in flight.
+template <class E, int kWidth>
+__device__ __forceinline__ void round_pieces(const Params& p) {
+  using S = typename E::Storage;
+  constexpr int kBatch = 4;
+  const long long per_row = p.cols / kWidth, n = p.rows * per_row, threads = (long long)gridDim.x * kThreads;
+  const bool by_row = p.reduction == kReductionNone;
+  const float all = __ldg(p.grad_scale);
+  const float* sum = static_cast<const float*>(p.logits);
+  S* out = static_cast<S*>(p.grad);
+  for (long long i0 = (long long)blockIdx.x * kThreads + threadIdx.x; i0 < n; i0 += kBatch * threads) {
+    float v[kBatch][kWidth];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const long long i = i0 + u * threads;
+      if (i >= n) break;
+      if constexpr (kWidth == 1) {
+        v[u][0] = __ldcs(sum + i);
+      } else {
+#pragma unroll
+        for (int h = 0; h < kWidth / 4; ++h) {
+          const float4 f = __ldcs(reinterpret_cast<const float4*>(sum) + i * (kWidth / 4) + h);
+          v[u][4 * h] = f.x, v[u][4 * h + 1] = f.y, v[u][4 * h + 2] = f.z, v[u][4 * h + 3] = f.w;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const long long i = i0 + u * threads;
+      if (i >= n) break;
+      const float g = by_row ? __ldg(p.grad_scale + i / per_row) : all;
+#pragma unroll
+      for (int k = 0; k < kWidth; ++k) v[u][k] *= g;
+      if constexpr (kWidth == 1) E::store(out + i, v[u][0]);
+      else reinterpret_cast<uint4*>(out)[i] = vector_of<E>(v[u]);
+    }
+  }
+}
+
+template <class E>
+__global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_round_kernel(const Params p) {
+  const bool on_grid = ((reinterpret_cast<uintptr_t>(p.logits) | reinterpret_cast<uintptr_t>(p.grad)) & 15) == 0;
+  if (on_grid && p.cols % E::kPerVec == 0) round_pieces<E, E::kPerVec>(p);
+  else round_pieces<E, 1>(p);
+}
+
 template <class E>
 void launch_scale(const Params& p) {
-  cross_entropy_scale_kernel<E><<<p.grid, kThreads, 0, p.stream>>>(p);
+  if (p.family == kFamilyRound) cross_entropy_round_kernel<E><<<p.grid, kThreads, 0, p.stream>>>(p);
+  else cross_entropy_scale_kernel<E><<<p.grid, kThreads, 0, p.stream>>>(p);
 }
 
 }  // namespace
