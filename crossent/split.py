@@ -71,7 +71,7 @@ def split_merge(gathered, t, classes, ranks, options, dtype):
             target_bytes=t.element_size(), ignore_index=options.ignore_index, reduction=REDUCTIONS[options.reduction],
             float32_out=options.float32_loss, weight=0 if weight is None else weight.data_ptr(),
             weight_total=0 if weight_total is None else weight_total.data_ptr(), label_smoothing=smoothing,
-            smoothing_per_class=smoothing / classes, z_loss=options.z_loss, classes=classes, ranks=ranks,
+            smoothing_per_class=smoothing / classes, z_loss=options.z_loss, cols=classes, ranks=ranks,
             terms=gathered.data_ptr(), lse=lse.data_ptr(), row_state=state.data_ptr(),
             losses=loss.data_ptr() if none else 0, out=0 if none else loss.data_ptr(),
             grad_out=0 if scale is None else scale.data_ptr(), counter=base, ignored_rows=base + 8,

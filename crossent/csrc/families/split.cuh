@@ -57,10 +57,11 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_split_m
     }
     const float lse = logf(s) + shift;
     const long long target = target_value(p, load_target_words(p, row));
+    const int kind = target_kind(p, target);  // the launch's columns: every rank's classes
     float loss = 0.f;
-    if (target == ignore_index(p)) {
+    if (kind == kTargetIgnored) {
       ++ignored;
-    } else if ((unsigned long long)target < (unsigned long long)p.classes) {
+    } else if (kind == kTargetCounted) {
       const float w_t = weight_at<E>(p, target);
       loss = ((1.f - p.label_smoothing) * w_t + smoothing_total) * lse - u;
       if (p.z_loss != 0.f) loss += p.z_loss * lse * lse;  // guarded: 0 * inf would be NaN
