@@ -17,7 +17,8 @@ and the backward are custom operators, eager calls and torch.compile's alike (th
 the operator's host cost does not show); torch.compile traces the unchunked composition where the
 kernels do not take the logits (torch.func.vjp does not run inside a compiled graph's operator)."""
 import operator
-from typing import NamedTuple, Optional, Tuple
+from functools import partial
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -57,9 +58,27 @@ class Step(NamedTuple):
     kernels: bool       # the kernels compute each chunk's loss (api.kernels_take), else PyTorch's operations
 
 
-# A chunk's loss: the kernels' or PyTorch's operations'. Each writes a gradient over the chunk's
-# logits z, which it owns. sum_options and row_options have the reduction "sum" or "none", the
-# loss in float32 (float64 for float64 logits), no lse.
+class ChunkLoss(NamedTuple):
+    """A chunk's loss over its logits z (rows x classes), as the loop asks for it three ways; each
+    writes a gradient over z, which it owns. sum_options and row_options have the reduction "sum" or
+    "none", the loss in float32 (float64 for float64 logits), no lse. This module's own (local_loss)
+    sees every class; crossent.parallel's sees a rank's slice of them."""
+    sum_and_gradient: Callable  # (z, t, sum_options): the chunk's loss; its gradient for an incoming 1 over z
+    losses_and_state: Callable  # (z, t, row_options): (loss a row, (m, s) a row); z left as it is
+    gradient: Callable          # (grad, grad_lse, z, t, state, row_options): the rows' gradient over z
+    # (float32 rows of dx): their sum over the ranks begun, in place, as a work to wait on; None: one rank
+    reduce_dx: Optional[Callable] = None
+
+
+def local_loss(step: Step):
+    """The chunk loss over every class: the kernels' where they take the step, else PyTorch's
+    operations'."""
+    both = dict(kernels=step.kernels, check_targets=step.check_targets)
+    return ChunkLoss(partial(_loss_and_gradient, **both), partial(_losses_and_state, **both),
+                     partial(_gradient, kernels=step.kernels))
+
+
+# The local chunk loss: the kernels' or PyTorch's operations'.
 
 def _loss_and_gradient(z, t, sum_options, kernels, check_targets):
     """The chunk's loss (the sum), and its gradient for an incoming 1 written over z."""
@@ -128,13 +147,14 @@ def _made_shapes(x, w, step: Step):
     return [shape if made else (0,) for made, shape in zip(wanted, ((x.shape[0], 2), x.shape, w.shape, w.shape[:1]))]
 
 
-def forward_chunks(x, w, b, t, options: Options, step: Step):
+def forward_chunks(x, w, b, t, options: Options, step: Step, chunks: Optional[ChunkLoss] = None):
     """(loss, state, dx, dw, db) of x (N, D), w (V, D), b (V,) or None, targets t (N,): the loss as
     options ask; state every row's (m, s) where the step is not fused (else empty); where fused, the
-    wanted gradients of the sum, unscaled, in float32 (float64 for float64 inputs), else empty."""
+    wanted gradients of the sum, unscaled, in float32 (float64 for float64 inputs), else empty.
+    chunks: each chunk's loss (local_loss(step) where None)."""
     rows = x.shape[0]
     wide = wide_dtype(x.dtype)
-    kernels = step.kernels
+    chunk_loss = chunks or local_loss(step)
     sum_options = options._replace(reduction="sum", return_lse=False, float32_loss=True)
     row_options = options._replace(reduction="none", return_lse=False, float32_loss=True)
     state_shape, dx_shape, dw_shape, db_shape = _made_shapes(x, w, step)
@@ -144,21 +164,26 @@ def forward_chunks(x, w, b, t, options: Options, step: Step):
     # The first chunk writes dw (and db adds to zeros); with no rows, none does.
     dw = (torch.empty if rows else torch.zeros)(dw_shape, dtype=wide, device=x.device)
     db = torch.zeros(db_shape, dtype=wide, device=x.device)
+    pending = []  # dx's sums over the ranks, begun
     for start in range(0, rows, step.chunk):
         end = min(rows, start + step.chunk)
         xc, tc = x[start:end], t[start:end]
         z = _logits(xc, w, b)
         if step.fused:
-            total += _loss_and_gradient(z, tc, sum_options, kernels, step.check_targets)
+            total += chunk_loss.sum_and_gradient(z, tc, sum_options)
             if step.dx:
                 _matmul_into(dx[start:end], z, w, False)
+                if chunk_loss.reduce_dx:  # summed over the ranks while dW's matmul runs
+                    pending.append(chunk_loss.reduce_dx(dx[start:end]))
             if step.dw:
                 _matmul_into(dw, z.t(), xc, start > 0)
             if step.db:
                 db += z.sum(0, dtype=wide)
         else:
-            losses[start:end], state[start:end] = _losses_and_state(z, tc, row_options, kernels, step.check_targets)
+            losses[start:end], state[start:end] = chunk_loss.losses_and_state(z, tc, row_options)
         del z  # before the next chunk's logits: one chunk's at a time
+    for work in pending:
+        work.wait()
     if not step.fused:
         total = losses.sum()
     dtype = torch.float32 if options.float32_loss else x.dtype
@@ -171,11 +196,13 @@ def forward_chunks(x, w, b, t, options: Options, step: Step):
     return loss, state, dx, dw, db
 
 
-def backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options: Options, step: Step):
+def backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options: Options, step: Step,
+                    chunks: Optional[ChunkLoss] = None):
     """(d loss / d x, d loss / d w, d loss / d b), each None where the step does not want it: grad, the
     loss's incoming gradient; grad_lse, the log-sum-exps' (or None). Where the step is fused, the
     forward's accumulators (dx, dw, db) times grad over the mean's divisor, the ignored rows' dx 0;
-    else each chunk's logits made again and their gradient from the rows' (m, s) (state)."""
+    else each chunk's logits made again and their gradient from the rows' (m, s) (state), by the
+    forward's chunk loss (chunks)."""
     counted = t.long() != options.ignore_index
     scale = grad.to(wide_dtype(x.dtype))
     if options.reduction == "mean":
@@ -188,26 +215,35 @@ def backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options: Opti
         factors = torch.where(counted, scale, 0), any_row, any_row
         return tuple(_rounded(total, factor, like, step.kernels) if want else None
                      for total, factor, like, want in zip((dx, dw, db), factors, (x, w, b), wanted))
-    rows, kernels = x.shape[0], step.kernels
+    rows, chunk_loss = x.shape[0], chunks or local_loss(step)
     row_options = options._replace(reduction="none", return_lse=False, float32_loss=True)
     per_row = scale if options.reduction == "none" else scale.expand(rows)
     wide = wide_dtype(x.dtype)
-    dx_out = torch.empty_like(x) if wanted[0] else None
+    reduce_dx = chunk_loss.reduce_dx
+    # dx in its dtype, or where ranks sum it, in float32 first (rounded once, after the sum)
+    dx_out = torch.empty(x.shape, dtype=wide if reduce_dx else x.dtype, device=x.device) if wanted[0] else None
+    pending = []
     dw_acc = (torch.empty if rows else torch.zeros)(w.shape, dtype=wide, device=x.device) if wanted[1] else None
     db_acc = torch.zeros(w.shape[0], dtype=wide, device=x.device) if wanted[2] else None
     for start in range(0, rows, step.chunk):
         end = min(rows, start + step.chunk)
         xc, tc = x[start:end], t[start:end]
         z = _logits(xc, w, b)
-        _gradient(per_row[start:end], None if grad_lse is None else grad_lse[start:end], z, tc, state[start:end],
-                  row_options, kernels)
+        chunk_loss.gradient(per_row[start:end], None if grad_lse is None else grad_lse[start:end], z, tc,
+                            state[start:end], row_options)
         if wanted[0]:
-            torch.mm(z, w, out=dx_out[start:end])
+            _matmul_into(dx_out[start:end], z, w, False)
+            if reduce_dx:
+                pending.append(reduce_dx(dx_out[start:end]))
         if wanted[1]:
             _matmul_into(dw_acc, z.t(), xc, start > 0)
         if wanted[2]:
             db_acc += z.sum(0, dtype=wide)
         del z
+    for work in pending:
+        work.wait()
+    if reduce_dx and wanted[0]:
+        dx_out = dx_out.to(x.dtype)
     return dx_out, None if dw_acc is None else dw_acc.to(w.dtype), None if db_acc is None else db_acc.to(b.dtype)
 
 
@@ -291,7 +327,7 @@ def _op_gradients(ctx, grad, grad_state, *_):
 forward_op.register_autograd(_op_gradients, setup_context=_setup_context)
 
 
-def _autocast(x, w, b):
+def autocast_operands(x, w, b):
     """The operands as autocast casts a linear layer's where it is on for their device (float64 ones
     stay as they are), and whether the logits are then 16-bit: their loss is float32, as autocast's
     cross-entropy's."""
@@ -303,7 +339,7 @@ def _autocast(x, w, b):
     return x, w, b, x.dtype == dtype
 
 
-def _check_shapes(x, w, b, t):
+def check_shapes(x, w, b, t):
     """PyTorch's errors for operands that do not fit: input (..., D), linear_weight (V, D), linear_bias
     (V,), targets (...) of class indices."""
     if not all(isinstance(a, torch.Tensor) for a in (x, w, t)) or not (b is None or isinstance(b, torch.Tensor)):
@@ -347,9 +383,9 @@ def linear_cross_entropy(input: torch.Tensor, linear_weight: torch.Tensor, targe
 def linear_loss(input, linear_weight, target, linear_bias, options: Options, chunk_size=None):
     """linear_cross_entropy of checked options (inputs.Options; float32_loss: a float32 loss from
     16-bit operands, as crossent.hf asks), for every public entry."""
-    _check_shapes(input, linear_weight, linear_bias, target)
+    check_shapes(input, linear_weight, linear_bias, target)
     check_no_weight_grad(options.weight)
-    x, w, b, autocast = _autocast(input, linear_weight, linear_bias)
+    x, w, b, autocast = autocast_operands(input, linear_weight, linear_bias)
     if autocast and not options.float32_loss:  # (_replace only where needed: torch 2.4's compiler cannot trace it)
         options = options._replace(float32_loss=True)
     if input.dim() == 1:  # one row, whose logits are the chunk
