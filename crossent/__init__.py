@@ -14,13 +14,14 @@ is the package's kernel path bundled into the one file KernelBench loads (tools/
 kernels build just in time, on first use, for the GPUs present, or ahead with prebuild().
 linear_cross_entropy (and LinearCrossEntropyLoss) is the loss of a linear layer's logits, x W^T + b,
 made a chunk of rows at a time: a language model's head and loss without the logits of every token.
-vocab_parallel_cross_entropy is the loss over classes split across ranks (torch.distributed)."""
+vocab_parallel_cross_entropy is the loss over classes split across ranks (torch.distributed), and
+vocab_parallel_linear_cross_entropy linear_cross_entropy's with the head's classes split so."""
 from .api import CrossEntropyLoss, cross_entropy
 from .build import prebuild
 from .linear import LinearCrossEntropyLoss, linear_cross_entropy
 from .loss import ModelNew
-from .parallel import vocab_parallel_cross_entropy
+from .parallel import vocab_parallel_cross_entropy, vocab_parallel_linear_cross_entropy
 
 __version__ = "0.1.0"
 __all__ = ["CrossEntropyLoss", "LinearCrossEntropyLoss", "ModelNew", "cross_entropy", "linear_cross_entropy",
-           "prebuild", "vocab_parallel_cross_entropy"]
+           "prebuild", "vocab_parallel_cross_entropy", "vocab_parallel_linear_cross_entropy"]

@@ -23,8 +23,14 @@ family's the gradient (given the merged lse as each row's (m, s) = (lse, 1) and 
 among the classes: one read, one write). Elsewhere (the CPU, float64) PyTorch's operations compute
 the same a chunk of rows at a time, in float32 (float64 for float64 logits): the temporaries stay
 within ROW_CHUNK_BYTES whatever the slice's size. inplace=True writes the gradient over the logits in
-the forward, for an incoming 1, and the backward scales it."""
+the forward, for an incoming 1, and the backward scales it.
+
+vocab_parallel_linear_cross_entropy is linear_cross_entropy's loop over a rank's rows of the head
+(W_r, V_r x D; the input the same on every rank), each chunk's loss this module's (slice_loss): its
+all-gather, its slice's gradient G_r, and its rows of the input's gradient, G_r W_r, summed over the
+ranks by an all-reduce begun beside the chunk's dW_r matmul."""
 import math
+from functools import partial
 from typing import NamedTuple, Optional
 
 import torch
@@ -35,6 +41,7 @@ from .dispatch import row_state
 from .gradient import cross_entropy_backward, scale_in_place
 from .inputs import (check_inplace_over, check_no_weight_grad, check_options, check_targets_from_env,
                      first_bad_target, wide_dtype)
+from .linear import ChunkLoss, Step, autocast_operands, backward_chunks, check_shapes, chunk_rows, forward_chunks
 from .split import split_merge, split_terms
 
 ROW_CHUNK_BYTES = 64 << 20  # the float32 temporaries of a chunk of rows at most (PyTorch's operations)
@@ -279,6 +286,80 @@ class VocabParallelFunction(torch.autograd.Function):
         return dx, None, None, None, None
 
 
+# ------------------------------------------------------------------ a linear layer's slice
+
+def _sum_and_unit_gradient(z, t, options, shard, kernels):
+    """A chunk's loss summed over its rows (the same on every rank: one all-gather), and its slice's
+    gradient for an incoming 1 written over z."""
+    one = torch.ones((), dtype=torch.float32, device=z.device)
+    if kernels:
+        loss, _, state, scale = _kernel_forward(z, t, shard, options)
+        _kernel_gradient(z, t, state, scale, one, None, shard, options, inplace=True)
+    else:
+        loss, lse, divisor, rows = _composite_forward(z, t, shard, options)
+        _gradient(z, lse, one, None, divisor, shard, options, rows, inplace=True)
+    return loss
+
+
+def _losses_and_state(z, t, options, shard, kernels):
+    """Every row's loss, and its (m, s) over all the classes as (lse, 1): the same on every rank."""
+    if kernels:
+        losses, _, state, _ = _kernel_forward(z, t, shard, options)
+        return losses, state
+    losses, lse, _, _ = _composite_forward(z, t, shard, options)
+    return losses, torch.stack((lse, torch.ones_like(lse)), 1)
+
+
+def _rows_gradient(grad, grad_lse, z, t, state, options, shard, kernels):
+    """The slice's gradient for each row's incoming gradients, from its (lse, 1), written over z."""
+    if kernels:
+        _kernel_gradient(z, t, state, None, grad, grad_lse, shard, options, inplace=True)
+    else:
+        rows = _row_terms(t, z.shape[1], shard, options, state.dtype)
+        _gradient(z, state[:, 0], grad, grad_lse, None, shard, options, rows, inplace=True)
+
+
+def _sum_over_ranks(dx, shard):
+    return dist.all_reduce(dx, group=shard.group, async_op=True)
+
+
+def slice_loss(shard, kernels):
+    """linear's chunk loss (linear.ChunkLoss) over this rank's slice of the classes: each chunk's
+    one all-gather, and the input's gradient summed over the ranks."""
+    both = dict(shard=shard, kernels=kernels)
+    return ChunkLoss(partial(_sum_and_unit_gradient, **both), partial(_losses_and_state, **both),
+                     partial(_rows_gradient, **both), partial(_sum_over_ranks, shard=shard))
+
+
+class VocabParallelLinearFunction(torch.autograd.Function):
+    """linear's chunked loss over a rank's slice of the head: the loss and every row's (m, s) over
+    all the classes, and the gradients of the input (every rank's share summed), the slice's weight
+    and bias. As linear's operators: where the reduction is one number and no lse is returned the
+    forward writes the gradients and the backward scales them; else the backward makes each chunk's
+    logits again."""
+    @staticmethod
+    def forward(ctx, x, w, b, t, shard, options, step):
+        with torch.autocast(x.device.type, enabled=False):  # the caller cast the operands
+            loss, state, dx, dw, db = forward_chunks(x, w, b, t, options, step, slice_loss(shard, step.kernels))
+        ctx.save_for_backward(x, w, b, t, options.weight, state, dx, dw, db)
+        ctx.shard, ctx.options, ctx.step = shard, options._replace(weight=None), step
+        ctx.set_materialize_grads(False)
+        return loss, state
+
+    @staticmethod
+    def backward(ctx, grad, grad_state):
+        x, w, b, t, weight, state, dx, dw, db = ctx.saved_tensors
+        options = ctx.options._replace(weight=weight)
+        step = ctx.step._replace(dx=ctx.needs_input_grad[0], dw=ctx.needs_input_grad[1], db=ctx.needs_input_grad[2])
+        if grad is None:
+            grad = torch.zeros(t.shape if options.reduction == "none" else (), dtype=torch.float32, device=x.device)
+        grad_lse = None if grad_state is None or step.fused else grad_state[:, 0]
+        with torch.autocast(x.device.type, enabled=False):
+            grads = backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options, step,
+                                    slice_loss(ctx.shard, step.kernels))
+        return (*grads, None, None, None, None)
+
+
 def _dtensor_slice(logits):
     """(local logits, Slice) of a DTensor of logits sharded on their last dimension over a 1-D mesh,
     the shards as torch splits them (torch.chunk's sizes)."""
@@ -294,6 +375,23 @@ def _dtensor_slice(logits):
     if local.shape[-1] != max(0, min(step, vocab - start)):
         raise RuntimeError(f"rank {rank} holds {local.shape[-1]} classes, not torch.chunk's share of {vocab}")
     return local, Slice(start, vocab, mesh.get_group())
+
+
+def _check_slice(shard, cols, target, options, name):
+    """What a call over a split vocabulary needs: torch.distributed, this rank's `cols` classes within the
+    vocabulary, the class weights of all of it (needing no gradient), and where asked
+    (check_targets_from_env) targets within it: every rank holds every target, so each raises alike,
+    before any collective."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"{name} gathers across ranks: initialize torch.distributed first")
+    if not 0 <= shard.start <= shard.start + cols <= shard.vocab:
+        raise RuntimeError(f"classes [{shard.start}, {shard.start + cols}) are not within the {shard.vocab} classes")
+    weight = options.weight
+    if weight is not None and tuple(weight.shape) != (shard.vocab,):
+        raise RuntimeError(f"weight must hold all {shard.vocab} classes' weights; got shape {tuple(weight.shape)}")
+    check_no_weight_grad(weight)
+    if check_targets_from_env():
+        first_bad_target(target, shard.vocab, options.ignore_index)
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, vocab_start: Optional[int] = None,
@@ -327,19 +425,11 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, voc
         if vocab_start is None or vocab_size is None:
             raise TypeError("vocab_parallel_cross_entropy needs vocab_start and vocab_size with a tensor of logits")
         shard = Slice(int(vocab_start), int(vocab_size), group)
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("vocab_parallel_cross_entropy gathers across ranks: initialize torch.distributed first")
     if target.dtype.is_floating_point or target.dtype == torch.bool or target.shape != logits.shape[:-1]:
         raise RuntimeError(f"target must hold class indices of shape {tuple(logits.shape[:-1])}; got "
                            f"{target.dtype} of shape {tuple(target.shape)}")
     cols = logits.shape[-1]
-    if not 0 <= shard.start <= shard.start + cols <= shard.vocab:
-        raise RuntimeError(f"classes [{shard.start}, {shard.start + cols}) are not within the {shard.vocab} classes")
-    if weight is not None and tuple(weight.shape) != (shard.vocab,):
-        raise RuntimeError(f"weight must hold all {shard.vocab} classes' weights; got shape {tuple(weight.shape)}")
-    check_no_weight_grad(weight)
-    if check_targets_from_env():  # every rank holds every target: each raises alike, before the gather
-        first_bad_target(target, shard.vocab, options.ignore_index)
+    _check_slice(shard, cols, target, options, "vocab_parallel_cross_entropy")
     if torch.is_autocast_enabled(logits.device.type) and logits.dtype in (torch.float16, torch.bfloat16):
         options = options._replace(float32_loss=True)
     x = logits.reshape(math.prod(logits.shape[:-1]), cols)
@@ -352,3 +442,43 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, voc
     if reduction == "none":
         loss = loss.reshape(sample_shape)
     return (loss, lse.reshape(sample_shape)) if return_lse else loss
+
+
+def vocab_parallel_linear_cross_entropy(input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor,
+                                        vocab_start: int, vocab_size: int, group=None, *,
+                                        linear_bias: Optional[torch.Tensor] = None,
+                                        weight: Optional[torch.Tensor] = None, ignore_index: int = -100,
+                                        reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
+                                        softcap: Optional[float] = None, return_lse: bool = False,
+                                        chunk_size: Optional[int] = None):
+    """linear_cross_entropy with the head's classes split across the ranks of `group` (None: the
+    default group): input (..., D), the same on every rank; linear_weight (V_r, D) and linear_bias
+    (V_r,) or None, this rank's rows of the head, the classes [vocab_start, vocab_start + V_r) of
+    vocab_size (V) in all; target (...) the global class indices, the same on every rank; weight (all
+    V classes') and the rest as vocab_parallel_cross_entropy takes them. Each rank makes its slice's
+    logits a chunk of rows at a time; each chunk's forward all-gathers 2 numbers a row, and the
+    input's gradient, this rank's share of which is its slice's, is summed over the ranks by one
+    all-reduce (in float32, rounded once after it): every rank gets the loss and the input's whole
+    gradient, and its slice's gradients of the weight and the bias. chunk_size: rows per chunk, the
+    same on every rank (None: linear_cross_entropy's choice for V / ranks classes, the same on every
+    rank whatever the slices). Returns the loss (and with return_lse every row's lse)."""
+    options = check_options(weight, ignore_index, reduction, z_loss, return_lse, label_smoothing, softcap)
+    shard = Slice(int(vocab_start), int(vocab_size), group)
+    check_shapes(input, linear_weight, linear_bias, target)
+    _check_slice(shard, linear_weight.shape[0], target, options, "vocab_parallel_linear_cross_entropy")
+    x, w, b, autocast = autocast_operands(input, linear_weight, linear_bias)
+    if autocast:
+        options = options._replace(float32_loss=True)
+    x, t = x.reshape(-1, x.shape[-1]), target.reshape(-1).long()
+    kernels = _kernels_take(x.new_empty((0, w.shape[0])), t, options)  # as each chunk's logits will be
+    classes = -(-shard.vocab // dist.get_world_size(group))
+    chunk = chunk_rows(x.shape[0], classes, x.element_size(), chunk_size)
+    needs = [torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x, w, b)]
+    fused = any(needs) and reduction != "none" and not return_lse
+    step = Step(fused, *needs, chunk, False, kernels)  # the targets checked above, on every rank
+    loss, state = VocabParallelLinearFunction.apply(x, w, b, t, shard, options, step)
+    if reduction == "none":
+        loss = loss.reshape(target.shape)
+    if not return_lse:
+        return loss
+    return loss, (state[:, 0] + state[:, 1].detach().log()).reshape(target.shape)

@@ -1,11 +1,15 @@
-"""vocab_parallel_cross_entropy: the vocabulary split across ranks. Each test starts its ranks as
+"""vocab_parallel_cross_entropy and vocab_parallel_linear_cross_entropy: the vocabulary split across
+ranks. Each test starts its ranks as
 processes (torch.multiprocessing) that join one process group: gloo on the CPU and on one GPU (two
 ranks sharing it: the kernels' path), NCCL on two GPUs (skipped, saying why, with fewer). Every
 rank's loss, lse and slice of the gradient are checked against the loss of the gathered logits
 (crossent.cross_entropy) in float64, with random incoming gradients: targets on the slices'
 boundaries, all targets on one rank, the row's max on another rank than its target, uneven slices
 (50257 over 2, an empty slice), every option, inplace, the DTensor entry, determinism, and the
-collectives counted (one in the forward, none in the backward)."""
+collectives counted (one in the forward, none in the backward). The linear layer's: the loss, lse and
+the gradients of the input (whole on every rank), the weight's and the bias's slices against
+linear_cross_entropy's of the whole head in float64, over chunk boundaries, with its collectives
+counted (a chunk's all-gather and its rows' all-reduce)."""
 import importlib
 import itertools
 import os
@@ -17,9 +21,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import torch.nn.functional as F
+
 import crossent
 from crossent import parallel
-from crossent.parallel import vocab_parallel_cross_entropy
+from crossent.parallel import vocab_parallel_cross_entropy, vocab_parallel_linear_cross_entropy
 
 OPTIONS = [dict(), dict(reduction="sum"), dict(reduction="none"), dict(ignore_index=3, reduction="sum"),
            dict(label_smoothing=0.2), dict(weight=True), dict(z_loss=1e-2), dict(softcap=3.0), dict(return_lse=True),
@@ -199,6 +205,99 @@ def _case_no_rows_and_mistakes(rank, world, device):
     del os.environ["CROSS_ENTROPY_CHECK_TARGETS"]
 
 
+LINEAR_OPTIONS = OPTIONS + [dict(weight=True, label_smoothing=0.1, z_loss=1e-3, softcap=4.0)]
+
+
+def _linear_problem(rows, dim, vocab, dtype, device, ignore_index=-100):
+    """x (rows, dim), the whole head W (vocab, dim) and bias, targets: the same on every rank."""
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(rows, dim, generator=generator, dtype=torch.float64)
+    w = torch.randn(vocab, dim, generator=generator, dtype=torch.float64) * 2 / dim**0.5
+    b = torch.randn(vocab, generator=generator, dtype=torch.float64)
+    t = torch.randint(0, vocab, (rows,), generator=generator)
+    t[::4] = ignore_index
+    return *(a.to(dtype).to(device) for a in (x, w, b)), t.to(device)
+
+
+def _check_linear(rank, problem, start, size, kwargs, bias, chunk, tolerance):
+    """This rank's loss, lse, input gradient and weight and bias slices against linear_cross_entropy's of
+    the whole head in float64, for random incoming gradients of each output."""
+    x, w, b, t = problem
+    xs, ws = x.clone().requires_grad_(), w[start:start + size].clone().requires_grad_()
+    bs = b[start:start + size].clone().requires_grad_() if bias else None
+    got = vocab_parallel_linear_cross_entropy(xs, ws, t, start, w.shape[0], linear_bias=bs, chunk_size=chunk,
+                                              **kwargs)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    b64 = b.double().requires_grad_() if bias else None
+    kwargs64 = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    want = crossent.cross_entropy(F.linear(x64, w64, b64), t, **kwargs64)
+    got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+    generator = torch.Generator().manual_seed(11)
+    grads = [torch.rand(o.shape, generator=generator, dtype=torch.float64).to(o.device) for o in want]
+    params, params64 = [p for p in (xs, ws, bs) if p is not None], [p for p in (x64, w64, b64) if p is not None]
+    got_grads = torch.autograd.grad(got, params, [g.to(o.dtype) for g, o in zip(grads, got)])
+    want_grads = torch.autograd.grad(want, params64, grads)
+    want_grads = [want_grads[0]] + [g[start:start + size] for g in want_grads[1:]]
+    names = ("loss", "lse")[:len(got)] + ("dx", "dw", "db")[:len(got_grads)]
+    for a, e, what in zip(got + got_grads, want + tuple(want_grads), names):
+        assert a.shape == e.shape and (a.dtype == x.dtype or what in ("loss", "lse")), (rank, what, kwargs)
+        scale = max(e[e.isfinite()].abs().max().item(), 1.0) if e.isfinite().any() else 1.0
+        torch.testing.assert_close(a.double(), e, rtol=0, atol=tolerance * scale, equal_nan=True,
+                                   msg=f"rank {rank} {what} {kwargs} bias={bias}")
+
+
+def _case_linear_every_option(rank, world, device, dtype, vocab, sizes, chunk=5):
+    """Every option, with and without a bias, 13 rows in chunks of `chunk` (the last one short), targets
+    on both sides of the first slice's boundary."""
+    start, size = _slices(vocab, sizes)[rank]
+    tolerance = 1e-12 if dtype == torch.float64 else 16 * torch.finfo(dtype).eps
+    for opts, bias in itertools.product(LINEAR_OPTIONS, (False, True)):
+        problem = _linear_problem(13, 8, vocab, dtype, device, opts.get("ignore_index", -100))
+        problem[3][1], problem[3][2] = sizes[0], sizes[0] - 1
+        _check_linear(rank, problem, start, size, _kwargs(opts, vocab, dtype, device), bias, chunk, tolerance)
+
+
+def _case_linear_collectives(rank, world, device):
+    """A chunk's all-gather in the forward, and its rows' all-reduce of the input's gradient: in the
+    forward where it writes the gradients, else in the backward, which gathers nothing. The same bits
+    on every rank and run to run; an empty slice and no rows."""
+    vocab, sizes = 50, [26, 24]
+    start, size = _slices(vocab, sizes)[rank]
+    x, w, b, t = _linear_problem(13, 8, vocab, torch.float32, device)
+    gather, reduce = parallel._all_gather, dist.all_reduce
+    calls = []
+    parallel._all_gather = lambda *a, **k: calls.append("gather") or gather(*a, **k)
+    dist.all_reduce = lambda *a, **k: calls.append("reduce") or reduce(*a, **k)
+    results = []
+    for reduction in ("mean", "mean", "none"):
+        xs, ws = x.clone().requires_grad_(), w[start:start + size].clone().requires_grad_()
+        loss = vocab_parallel_linear_cross_entropy(xs, ws, t, start, vocab, reduction=reduction, chunk_size=5)
+        forward = list(calls)
+        loss.sum().backward()
+        backward = calls[len(forward):]
+        calls.clear()
+        chunks = 3  # 13 rows in chunks of 5
+        fused = reduction == "mean"
+        want = (["gather", "reduce"] * chunks, []) if fused else (["gather"] * chunks, ["reduce"] * chunks)
+        assert (forward, backward) == want, (reduction, forward, backward)
+        results.append((loss.detach(), xs.grad, ws.grad))
+    parallel._all_gather, dist.all_reduce = gather, reduce
+    assert all(torch.equal(a, b) for a, b in zip(results[0], results[1]))
+    for tensor in results[0][:2]:  # the loss and the input's gradient: the same bits on every rank
+        everyone = [torch.zeros_like(tensor) for _ in range(world)]
+        dist.all_gather(everyone, tensor)
+        assert all(torch.equal(everyone[0], other) for other in everyone)
+    start, size = _slices(vocab, [vocab, 0])[rank]  # rank 1 holds no class
+    _check_linear(rank, (x.double(), w.double(), b.double(), t), start, size, dict(label_smoothing=0.1), True, 4,
+                  1e-12)
+    x0, t0 = x[:0].double().requires_grad_(), t[:0]
+    for reduction in ("mean", "sum", "none"):
+        loss = vocab_parallel_linear_cross_entropy(x0, w[start:start + size].double(), t0, start, vocab,
+                                                   reduction=reduction)
+        torch.testing.assert_close(loss, crossent.cross_entropy(x0.new_empty(0, vocab), t0, reduction=reduction),
+                                   equal_nan=True)
+
+
 # ------------------------------------------------------------------ on the CPU: gloo
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_every_option_over_two_ranks_is_the_gathered_loss(dtype):
@@ -229,6 +328,19 @@ def test_a_dtensor_sharded_on_the_classes():
 
 def test_no_rows_an_empty_slice_and_mistakes():
     _spawn("_case_no_rows_and_mistakes", 2, "gloo", "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_linear_layers_slices_over_two_ranks(dtype):
+    _spawn("_case_linear_every_option", 2, "gloo", "cpu", dtype, 50, [26, 24])
+
+
+def test_a_linear_layers_slices_over_three_uneven_ranks():
+    _spawn("_case_linear_every_option", 3, "gloo", "cpu", torch.float64, 23, [10, 1, 12])
+
+
+def test_a_linear_layers_collectives_and_bits():
+    _spawn("_case_linear_collectives", 2, "gloo", "cpu")
 
 
 def test_it_needs_torch_distributed():
@@ -286,6 +398,36 @@ def _case_kernels_in(rank, world, dtype):
     if dtype == torch.float32:
         _case_where_the_targets_and_maxima_lie(rank, world, "cuda:0", dtype)
     parallel._all_gather, parallel.cross_entropy_backward, parallel.split_merge = gather, backward, merge
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_linear_layers_kernels_over_two_ranks_on_one_gpu():
+    _spawn("_case_linear_kernels_on_one_gpu", 2, "gloo")
+
+
+def _case_linear_kernels_on_one_gpu(rank, world):
+    """Two ranks on one GPU, the kernels' path for each chunk (50257 classes over 2), every option, in
+    each dtype; the gather and the all-reduce through the host, as gloo moves them."""
+    gather, reduce = parallel._all_gather, dist.all_reduce
+
+    def gather_through_host(out, local, group=None):
+        host = torch.empty(out.shape, dtype=out.dtype)
+        gather(host, local.cpu(), group=group)
+        out.copy_(host)
+
+    def reduce_through_host(tensor, group=None, async_op=False):
+        host = tensor.cpu()
+        reduce(host, group=group)
+        tensor.copy_(host)
+        done = torch.futures.Future()  # a work already done: its wait returns at once
+        done.set_result(tensor)
+        return done
+
+    parallel._all_gather, dist.all_reduce = gather_through_host, reduce_through_host
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        _case_linear_every_option(rank, world, "cuda:0", dtype, 50257, [25129, 25128], chunk=6)
+    parallel._all_gather, dist.all_reduce = gather, reduce
 
 
 @pytest.mark.gpu
