@@ -320,8 +320,8 @@ def split_grid(rows):
 
 def round_grid(elements, gpu):
     """A float32 sum's rounding launch (families/scale.cuh): every CTA that fits, or as many as give
-    each thread a 16-byte vector of the sum."""
-    return max(1, min(_max_grid(ROUND, gpu), -(-elements // (4 * THREADS))))
+    each thread a piece of 8 elements (a 16-bit format's vector, two of float32's)."""
+    return max(1, min(_max_grid(ROUND, gpu), -(-elements // (8 * THREADS))))
 
 
 def _fused_plan(rows, cols, elem_bytes, gpu, capped=False):
@@ -2951,7 +2951,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_scale_k
 // p.logits, row r times its factor p.grad_scale[r] (reduction none) or all of them times
 // p.grad_scale[0], into p.grad. A piece is kWidth elements: a vector's (E::kPerVec: one or two 16-byte
 // loads, one 16-byte store) where rows are whole vectors and both arrays sit on the 16-byte grid, else
-// one; a thread has kBatch pieces loaded before it stores any, which keeps enough bytes in flight.
+// one; a thread has up to kBatch pieces loaded before it stores any, which keeps enough bytes in flight
+// where the sum is large (where it is small, the grid gives a thread one: policy.round_grid).
 template <class E, int kWidth>
 __device__ __forceinline__ void round_pieces(const Params& p) {
   using S = typename E::Storage;
@@ -4988,10 +4989,15 @@ def round_scaled(total, factor, out):
     """out = total * factor, rounded once to out's dtype (cross_entropy_round_kernel): total, a
     contiguous float32 sum of out's shape; factor, float32 on the device, one for each of total's
     rows (its first dimension) or one for all of it. Returns out."""
+    by_row = factor.numel() != 1
+    if total.dtype != torch.float32 or factor.dtype != torch.float32 or total.shape != out.shape or \
+            not (total.is_contiguous() and out.is_contiguous()) or (by_row and factor.numel() != total.shape[0]):
+        raise ValueError("round_scaled: a contiguous float32 sum of out's shape, and float32 factors, one a row or "
+                         f"one; got {total.dtype} {tuple(total.shape)}, {factor.dtype} {tuple(factor.shape)}, "
+                         f"{tuple(out.shape)}")
     if not out.numel():
         return out
     index = total.get_device()
-    by_row = factor.numel() != 1
     rows, cols = (total.shape[0], total[0].numel()) if by_row else (1, total.numel())
     factor = factor.reshape(-1).contiguous()
     params = NO_PARAMS._replace(rows=rows, cols=cols, family=ROUND, dtype=DTYPE_CODES[out.dtype],

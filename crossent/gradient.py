@@ -86,10 +86,15 @@ def round_scaled(total, factor, out):
     """out = total * factor, rounded once to out's dtype (cross_entropy_round_kernel): total, a
     contiguous float32 sum of out's shape; factor, float32 on the device, one for each of total's
     rows (its first dimension) or one for all of it. Returns out."""
+    by_row = factor.numel() != 1
+    if total.dtype != torch.float32 or factor.dtype != torch.float32 or total.shape != out.shape or \
+            not (total.is_contiguous() and out.is_contiguous()) or (by_row and factor.numel() != total.shape[0]):
+        raise ValueError("round_scaled: a contiguous float32 sum of out's shape, and float32 factors, one a row or "
+                         f"one; got {total.dtype} {tuple(total.shape)}, {factor.dtype} {tuple(factor.shape)}, "
+                         f"{tuple(out.shape)}")
     if not out.numel():
         return out
     index = total.get_device()
-    by_row = factor.numel() != 1
     rows, cols = (total.shape[0], total[0].numel()) if by_row else (1, total.numel())
     factor = factor.reshape(-1).contiguous()
     params = NO_PARAMS._replace(rows=rows, cols=cols, family=ROUND, dtype=DTYPE_CODES[out.dtype],

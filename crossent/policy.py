@@ -8,8 +8,8 @@ from typing import NamedTuple
 from .constants import (BATCH, CTAS_PER_SM, CTAS_PER_SM_MORE_REGISTERS, ELEMENT_SWEEPS, FUSED, FUSED_CLUSTER_CTAS,
                         FUSED_VECS, GRADIENT, GRADIENT_VECS, MAX_SEG, ONE_ROW, ONE_ROW_THREADS, ONE_ROW_THREADS_SM75,
                         PAIR_SWEEPS, QUAD, QUAD_CLASSES, QUAD_STAGE_BYTES, ROW_BATCH_LOADS, ROUND, ROW_BATCHES, ROWS,
-                        SCALE, SEG_SLAB, SHORT_TAIL, SPLIT_CTAS, SPLIT_MERGE, SPLIT_TERMS, STREAM_VECS, STREAMED, THREADS,
-                        TILE_MIN_ROWS, TILE_TARGETS, TILES, VECTOR_SWEEPS)
+                        SCALE, SEG_SLAB, SHORT_TAIL, SPLIT_CTAS, SPLIT_MERGE, SPLIT_TERMS, STREAM_VECS, STREAMED,
+                        THREADS, TILE_MIN_ROWS, TILE_TARGETS, TILES, VECTOR_SWEEPS)
 
 # The host's alone:
 _VECS_PER_THREAD = 16     # vectors a thread per row in registers: two batches ("Launch shape") ...
@@ -198,8 +198,8 @@ def split_grid(rows):
 
 def round_grid(elements, gpu):
     """A float32 sum's rounding launch (families/scale.cuh): every CTA that fits, or as many as give
-    each thread a 16-byte vector of the sum."""
-    return max(1, min(_max_grid(ROUND, gpu), -(-elements // (4 * THREADS))))
+    each thread a piece of 8 elements (a 16-bit format's vector, two of float32's)."""
+    return max(1, min(_max_grid(ROUND, gpu), -(-elements // (8 * THREADS))))
 
 
 def _fused_plan(rows, cols, elem_bytes, gpu, capped=False):

@@ -289,19 +289,23 @@ def test_every_option_on_the_gpu_is_float64s_rounded(dtype, shape):
 def test_the_rounding_launch_is_the_float32_product_rounded(dtype):
     """The backward's rounding of a float32 sum (gradient.round_scaled): total * factor in float32,
     rounded once to the dtype, bit for bit, with a factor a row or one for all, 0, inf and NaN among
-    them; rows of whole vectors, rows that are not (the element loop), and a sum off the 16-byte grid."""
+    them; rows of whole vectors, rows that are not (the element loop), a sum or a result off the 16-byte
+    grid, and more pieces than the launch's threads."""
     generator = torch.Generator(device="cuda").manual_seed(3)
-    for rows, cols, offset in ((257, 4096, 0), (33, 1000, 0), (5, 7, 0), (64, 256, 1), (1, 50257, 0)):
+    cases = ((257, 4096, 0, 0), (2048, 4096, 0, 0), (33, 1000, 0, 0), (5, 7, 0, 0), (64, 256, 1, 0), (64, 256, 0, 1),
+             (1, 50257, 0, 0))  # (2048, 4096): more pieces than the grid's threads; offsets: off the 16-byte grid
+    for rows, cols, offset, out_offset in cases:
         base = torch.randn(rows * cols + offset, generator=generator, device="cuda") * 1e3
         total = base[offset:].view(rows, cols)
+        out = torch.empty(rows * cols + out_offset, dtype=dtype, device="cuda")[out_offset:].view(rows, cols)
         for factors in (torch.rand(rows, generator=generator, device="cuda"), torch.rand((), device="cuda")):
             if factors.dim():
                 factors[::3], factors[1::5] = 0, float("inf")
                 factors[2::7] = float("nan")
-            got = crossent.gradient.round_scaled(total, factors, torch.empty(rows, cols, dtype=dtype, device="cuda"))
+            got = crossent.gradient.round_scaled(total, factors, out)
             want = (total * (factors[:, None] if factors.dim() else factors)).to(dtype)
-            assert torch.equal(got.isnan(), want.isnan()), (rows, cols, offset)
-            assert torch.equal(got.nan_to_num(), want.nan_to_num()), (rows, cols, offset)
+            assert torch.equal(got.isnan(), want.isnan()), (rows, cols, offset, out_offset)
+            assert torch.equal(got.nan_to_num(), want.nan_to_num()), (rows, cols, offset, out_offset)
 
 
 @pytest.mark.gpu

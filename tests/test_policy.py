@@ -201,8 +201,8 @@ def test_workspace_layouts_are_aligned(rows, cols):
     assert nbytes == seg_off + (16 * rows * p.splits if p.splits > 1 else 0)
 
 
-def test_a_rounding_launch_takes_every_resident_cta_or_a_vector_a_thread():
+def test_a_rounding_launch_takes_every_resident_cta_or_a_piece_a_thread():
     """round_grid: the float32 sums of linear's backward fill the GPU; a small one takes the CTAs that
-    give each thread a 16-byte vector of it, and an empty one a CTA."""
+    give each thread a piece of 8 elements, and an empty one a CTA."""
     assert policy.round_grid(128256 * 4096, H100) == policy._max_grid(policy.ROUND, H100) == 132 * CTAS_PER_SM
-    assert policy.round_grid(4 * 256 * 5 + 1, H100) == 6 and policy.round_grid(0, H100) == 1
+    assert policy.round_grid(8 * 256 * 5 + 1, H100) == 6 and policy.round_grid(0, H100) == 1

@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_scale_k
 // p.logits, row r times its factor p.grad_scale[r] (reduction none) or all of them times
 // p.grad_scale[0], into p.grad. A piece is kWidth elements: a vector's (E::kPerVec: one or two 16-byte
 // loads, one 16-byte store) where rows are whole vectors and both arrays sit on the 16-byte grid, else
-// one; a thread has kBatch pieces loaded before it stores any, which keeps enough bytes in flight.
+// one; a thread has up to kBatch pieces loaded before it stores any, which keeps enough bytes in flight
+// where the sum is large (where it is small, the grid gives a thread one: policy.round_grid).
 template <class E, int kWidth>
 __device__ __forceinline__ void round_pieces(const Params& p) {
   using S = typename E::Storage;
