@@ -66,7 +66,8 @@ class ChunkLoss(NamedTuple):
     sum_and_gradient: Callable  # (z, t, sum_options): the chunk's loss; its gradient for an incoming 1 over z
     losses_and_state: Callable  # (z, t, row_options): (loss a row, (m, s) a row); z left as it is
     gradient: Callable          # (grad, grad_lse, z, t, state, row_options): the rows' gradient over z
-    # (float32 rows of dx): their sum over the ranks begun, in place, as a work to wait on; None: one rank
+    # (rows of dx, float32 or float64): their sum over the ranks begun, in place, as a work to wait on;
+    # None: one rank
     reduce_dx: Optional[Callable] = None
 
 
@@ -220,7 +221,7 @@ def backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options: Opti
     per_row = scale if options.reduction == "none" else scale.expand(rows)
     wide = wide_dtype(x.dtype)
     reduce_dx = chunk_loss.reduce_dx
-    # dx in its dtype, or where ranks sum it, in float32 first (rounded once, after the sum)
+    # dx in its dtype, or where ranks sum it, in float32 (float64) first: rounded once, after the sum
     dx_out = torch.empty(x.shape, dtype=wide if reduce_dx else x.dtype, device=x.device) if wanted[0] else None
     pending = []
     dw_acc = (torch.empty if rows else torch.zeros)(w.shape, dtype=wide, device=x.device) if wanted[1] else None
