@@ -310,18 +310,25 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None
 
 
-def _op_gradients(ctx, grad, grad_state, *_):
+def backward_inputs(step: Step, needs_input_grad, grad, grad_state, t, options: Options):
+    """What backward_chunks takes from autograd's call: the step wanting the gradients autograd asks
+    for, the loss's incoming gradient (zeros where none reached it) and the lse's (None where the step
+    is fused, whose forward returned no lse)."""
     if torch.is_grad_enabled():
         raise RuntimeError("linear_cross_entropy's gradient has no gradient of its own: double backward "
                            "(create_graph=True through the loss) is not supported")
+    step = step._replace(dx=bool(needs_input_grad[0]), dw=bool(needs_input_grad[1]), db=bool(needs_input_grad[2]))
+    if grad is None:
+        grad = torch.zeros(t.shape if options.reduction == "none" else (), dtype=torch.float32, device=t.device)
+    return step, grad, None if grad_state is None or step.fused else grad_state[:, 0]
+
+
+def _op_gradients(ctx, grad, grad_state, *_):
     x, w, b, t, weight, state, dx, dw, db = ctx.saved_tensors
     options, step = _rebuilt(weight, *ctx.flat)
-    wanted = [bool(n) for n in ctx.needs_input_grad[:3]]
-    step = step._replace(dx=wanted[0], dw=wanted[1], db=wanted[2])
-    if grad is None:
-        grad = torch.zeros(t.shape if options.reduction == "none" else (), dtype=torch.float32, device=x.device)
-    grad_lse = None if grad_state is None or step.fused else grad_state[:, 0]
+    step, grad, grad_lse = backward_inputs(step, ctx.needs_input_grad, grad, grad_state, t, options)
     grads = backward_op(grad, grad_lse, x, w, b, t, state, dx, dw, db, weight, *_flat(options, step))
+    wanted = step.dx, step.dw, step.db
     return *(g if n else None for g, n in zip(grads, wanted)), *[None] * (len(ctx.flat) + 2)
 
 
@@ -355,6 +362,20 @@ def check_shapes(x, w, b, t):
     if t.shape != x.shape[:-1]:
         raise ValueError(f"targets must have the input's shape but its last dimension, {tuple(x.shape[:-1])}; "
                          f"got {tuple(t.shape)}")
+
+
+def plan_step(x, w, b, options: Options, classes, chunk_size, check_targets, kernels):
+    """How a call on operands x (N, D), w, b (as cast) goes (Step): the gradients wanted, fused where
+    the reduction is one number and no lse is returned, chunks of rows whose logits have `classes`
+    columns (chunk_rows)."""
+    needs = [torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x, w, b)]
+    fused = any(needs) and options.reduction != "none" and not options.return_lse
+    return Step(fused, *needs, chunk_rows(x.shape[0], classes, x.element_size(), chunk_size), check_targets, kernels)
+
+
+def lse_of(state):
+    """Every row's log-sum-exp from the forward's row state (m, s)."""
+    return state[:, 0] + state[:, 1].detach().log()
 
 
 def linear_cross_entropy(input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor, *,
@@ -401,12 +422,9 @@ def linear_loss(input, linear_weight, target, linear_bias, options: Options, chu
         out = routed_loss(F.linear(input.flatten(0, -2), linear_weight, linear_bias), t, options)
         loss, lse = out if return_lse else (out, None)
     else:  # the operators take no return_lse (_flat): the lse is m + log s of the rows' state
-        chunk = chunk_rows(x.shape[0], w.shape[0], x.element_size(), chunk_size)
-        needs = [torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x, w, b)]
-        fused = any(needs) and reduction != "none" and not return_lse
-        step = Step(fused, *needs, chunk, check_targets_from_env(), kernels)
+        step = plan_step(x, w, b, options, w.shape[0], chunk_size, check_targets_from_env(), kernels)
         loss, state, *_ = forward_op(x, w, b, t, options.weight, *_flat(options, step))
-        lse = state[:, 0] + state[:, 1].detach().log() if return_lse else None
+        lse = lse_of(state) if return_lse else None
     if reduction == "none":
         loss = loss.reshape(sample_shape)
     return (loss, lse.reshape(sample_shape)) if return_lse else loss

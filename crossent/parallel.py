@@ -41,7 +41,8 @@ from .dispatch import row_state
 from .gradient import cross_entropy_backward, scale_in_place
 from .inputs import (check_inplace_over, check_no_weight_grad, check_options, check_targets_from_env,
                      first_bad_target, wide_dtype)
-from .linear import ChunkLoss, Step, autocast_operands, backward_chunks, check_shapes, chunk_rows, forward_chunks
+from .linear import (ChunkLoss, autocast_operands, backward_chunks, backward_inputs, check_shapes, forward_chunks,
+                     lse_of, plan_step)
 from .split import split_merge, split_terms
 
 ROW_CHUNK_BYTES = 64 << 20  # the float32 temporaries of a chunk of rows at most (PyTorch's operations)
@@ -350,10 +351,7 @@ class VocabParallelLinearFunction(torch.autograd.Function):
     def backward(ctx, grad, grad_state):
         x, w, b, t, weight, state, dx, dw, db = ctx.saved_tensors
         options = ctx.options._replace(weight=weight)
-        step = ctx.step._replace(dx=ctx.needs_input_grad[0], dw=ctx.needs_input_grad[1], db=ctx.needs_input_grad[2])
-        if grad is None:
-            grad = torch.zeros(t.shape if options.reduction == "none" else (), dtype=torch.float32, device=x.device)
-        grad_lse = None if grad_state is None or step.fused else grad_state[:, 0]
+        step, grad, grad_lse = backward_inputs(ctx.step, ctx.needs_input_grad, grad, grad_state, t, options)
         with torch.autocast(x.device.type, enabled=False):
             grads = backward_chunks(grad, grad_lse, x, w, b, t, state, dx, dw, db, options, step,
                                     slice_loss(ctx.shard, step.kernels))
@@ -471,14 +469,9 @@ def vocab_parallel_linear_cross_entropy(input: torch.Tensor, linear_weight: torc
         options = options._replace(float32_loss=True)
     x, t = x.reshape(-1, x.shape[-1]), target.reshape(-1).long()
     kernels = _kernels_take(x.new_empty((0, w.shape[0])), t, options)  # as each chunk's logits will be
-    classes = -(-shard.vocab // dist.get_world_size(group))
-    chunk = chunk_rows(x.shape[0], classes, x.element_size(), chunk_size)
-    needs = [torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x, w, b)]
-    fused = any(needs) and reduction != "none" and not return_lse
-    step = Step(fused, *needs, chunk, False, kernels)  # the targets checked above, on every rank
+    classes = -(-shard.vocab // dist.get_world_size(group))  # the same on every rank, whatever its slice
+    step = plan_step(x, w, b, options, classes, chunk_size, False, kernels)  # the targets checked above
     loss, state = VocabParallelLinearFunction.apply(x, w, b, t, shard, options, step)
     if reduction == "none":
         loss = loss.reshape(target.shape)
-    if not return_lse:
-        return loss
-    return loss, (state[:, 0] + state[:, 1].detach().log()).reshape(target.shape)
+    return (loss, lse_of(state).reshape(target.shape)) if return_lse else loss
