@@ -46,7 +46,8 @@ ROW_BATCH_LOADS = 4      # 16-byte loads a thread per batch of the row-batch ker
 ONE_ROW_THREADS = 1024   # the one-row kernel's most threads, each with a batch of the row ...
 ONE_ROW_THREADS_SM75 = 512  # ... before sm_80, whose code needs more than 64 registers a thread
 EXACT_WORDS = 10         # 64-bit words of the exact sum: 9 digits and the flags
-STREAM_VECS = 4          # the streamed family's vectors a thread at a time, per stream ("Streamed rows")
+STREAM_VECS = 4          # the streamed family's vectors of logits a thread at a time ("Streamed rows") ...
+STREAM_WORDS = 6         # ... or, with probabilities beside them, 16-byte words of both
 QUAD = 4                 # strided class indices: neighbouring positions a thread, where they share a load, ...
 QUAD_CLASSES = 8         # ... their classes copied to shared memory this many at a time ...
 QUAD_STAGE_BYTES = 32 << 10  # ... in stages of at most this many bytes a CTA ("Streamed rows")
@@ -76,7 +77,7 @@ KERNEL_CONSTANTS = {
     "kFamilyStreamed": STREAMED, "kFamilyGradient": GRADIENT, "kGradientVecs": GRADIENT_VECS,
     "kFamilyFused": FUSED, "kFamilyScale": SCALE, "kFusedVecs": FUSED_VECS, "kFusedClusterCtas": FUSED_CLUSTER_CTAS,
     "kFamilySplitTerms": SPLIT_TERMS, "kFamilySplitMerge": SPLIT_MERGE, "kFamilyRound": ROUND,
-    "kClassIndices": CLASS_INDICES, "kStreamVecs": STREAM_VECS, "kQuad": QUAD,
+    "kClassIndices": CLASS_INDICES, "kStreamVecs": STREAM_VECS, "kStreamWords": STREAM_WORDS, "kQuad": QUAD,
     "kQuadClasses": QUAD_CLASSES, "kQuadStageBytes": QUAD_STAGE_BYTES,
     "kVectorSweeps": VECTOR_SWEEPS, "kElementSweeps": ELEMENT_SWEEPS, "kPairSweeps": PAIR_SWEEPS,
     "kFloat32": DTYPE_CODES[torch.float32], "kBFloat16": DTYPE_CODES[torch.bfloat16],
@@ -3120,12 +3121,13 @@ namespace {
 // sum_j c_j (lse - x_j), one Gap's W log(s) + sum_j c_j (base - x_j), with c_j the class's share:
 // w_j ((1 - eps) p_j + eps / C) for probability targets p (w_j = 1 without weights), w_j in label
 // smoothing's term for class indices. Contiguous classes: `group` threads (a power of two up to the
-// CTA) take a row's 16-byte vectors in turn, kStreamVecs of each stream at a time (the class
-// weights' too, where they share the logits' 16-byte grid); strided classes: a thread per position,
-// or per four neighbouring ones where their logits share a load (stream_quad), so that neighbouring
-// threads read neighbouring positions and each class's loads coalesce. A chunk is a CTA's worth of
-// rows, claimed as the other families claim theirs, and its sum goes to the exact sum.
-static_assert(kStreamVecs <= kBatch, "a streamed batch, of logits and probabilities, in the registers of a row's batch");
+// CTA) take a row's 16-byte vectors in turn, kStreamVecs at a time (the class weights' beside them,
+// where they share the logits' 16-byte grid), or kStreamWords words of logits and probabilities;
+// strided classes: a thread per position, or per four neighbouring ones where their logits share a
+// load (stream_quad), so that neighbouring threads read neighbouring positions and each class's
+// loads coalesce. A chunk is a CTA's worth of rows, claimed as the other families claim theirs, and
+// its sum goes to the exact sum.
+static_assert(kStreamVecs <= kBatch && kStreamWords <= kBatch, "a streamed batch in the registers of a row's batch");
 struct ClassIndices {};  // the targets of a streamed launch without probability targets
 template <class P>
 constexpr bool kIsProbs = !std::is_same<P, ClassIndices>::value;
@@ -3201,8 +3203,9 @@ __device__ __forceinline__ void stream_elements(const Params& p, const typename 
 }
 
 // A contiguous row's whole vectors v = lane, lane + group, ... < nvec, kStreamVecs at a time, with
-// the probabilities' vectors beside them (P's 16-byte words per E vector: 2 for float32
-// probabilities of 16-bit logits) and the class weights' where they share the logits' grid.
+// the class weights' where they share the logits' grid; or with the probabilities' vectors beside
+// them (P's 16-byte words per E vector: 2 for float32 probabilities of 16-bit logits), as many as
+// keep kStreamWords words in flight (the loads' pace is bytes in flight: "Streamed rows").
 // col0: the first vector's column.
 template <class E, class P>
 __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_vecs, const void* p_vecs, int col0,
@@ -3212,7 +3215,7 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
   const bool shares = kProbs || smoothing(p);
   const auto* w = static_cast<const typename E::Storage*>(p.weight) + col0;
   const bool w_vecs = weighted(p) && shares && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
-  constexpr int kVecs = kProbs ? kStreamVecs / 2 : kStreamVecs;  // two streams: as many bytes in flight, or more
+  constexpr int kVecs = kProbs ? kStreamWords / (1 + kWords) : kStreamVecs;
   const uint4 neg_inf = neg_inf_vec<E>();
   for (int v0 = lane; v0 < nvec; v0 += kVecs * group) {
     uint4 xb[kVecs], pb[kVecs][kWords], wb[kVecs];

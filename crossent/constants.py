@@ -16,7 +16,8 @@ ROW_BATCH_LOADS = 4      # 16-byte loads a thread per batch of the row-batch ker
 ONE_ROW_THREADS = 1024   # the one-row kernel's most threads, each with a batch of the row ...
 ONE_ROW_THREADS_SM75 = 512  # ... before sm_80, whose code needs more than 64 registers a thread
 EXACT_WORDS = 10         # 64-bit words of the exact sum: 9 digits and the flags
-STREAM_VECS = 4          # the streamed family's vectors a thread at a time, per stream ("Streamed rows")
+STREAM_VECS = 4          # the streamed family's vectors of logits a thread at a time ("Streamed rows") ...
+STREAM_WORDS = 6         # ... or, with probabilities beside them, 16-byte words of both
 QUAD = 4                 # strided class indices: neighbouring positions a thread, where they share a load, ...
 QUAD_CLASSES = 8         # ... their classes copied to shared memory this many at a time ...
 QUAD_STAGE_BYTES = 32 << 10  # ... in stages of at most this many bytes a CTA ("Streamed rows")
@@ -46,7 +47,7 @@ KERNEL_CONSTANTS = {
     "kFamilyStreamed": STREAMED, "kFamilyGradient": GRADIENT, "kGradientVecs": GRADIENT_VECS,
     "kFamilyFused": FUSED, "kFamilyScale": SCALE, "kFusedVecs": FUSED_VECS, "kFusedClusterCtas": FUSED_CLUSTER_CTAS,
     "kFamilySplitTerms": SPLIT_TERMS, "kFamilySplitMerge": SPLIT_MERGE, "kFamilyRound": ROUND,
-    "kClassIndices": CLASS_INDICES, "kStreamVecs": STREAM_VECS, "kQuad": QUAD,
+    "kClassIndices": CLASS_INDICES, "kStreamVecs": STREAM_VECS, "kStreamWords": STREAM_WORDS, "kQuad": QUAD,
     "kQuadClasses": QUAD_CLASSES, "kQuadStageBytes": QUAD_STAGE_BYTES,
     "kVectorSweeps": VECTOR_SWEEPS, "kElementSweeps": ELEMENT_SWEEPS, "kPairSweeps": PAIR_SWEEPS,
     "kFloat32": DTYPE_CODES[torch.float32], "kBFloat16": DTYPE_CODES[torch.bfloat16],

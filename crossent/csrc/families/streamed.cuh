@@ -14,12 +14,13 @@ namespace {
 // sum_j c_j (lse - x_j), one Gap's W log(s) + sum_j c_j (base - x_j), with c_j the class's share:
 // w_j ((1 - eps) p_j + eps / C) for probability targets p (w_j = 1 without weights), w_j in label
 // smoothing's term for class indices. Contiguous classes: `group` threads (a power of two up to the
-// CTA) take a row's 16-byte vectors in turn, kStreamVecs of each stream at a time (the class
-// weights' too, where they share the logits' 16-byte grid); strided classes: a thread per position,
-// or per four neighbouring ones where their logits share a load (stream_quad), so that neighbouring
-// threads read neighbouring positions and each class's loads coalesce. A chunk is a CTA's worth of
-// rows, claimed as the other families claim theirs, and its sum goes to the exact sum.
-static_assert(kStreamVecs <= kBatch, "a streamed batch, of logits and probabilities, in the registers of a row's batch");
+// CTA) take a row's 16-byte vectors in turn, kStreamVecs at a time (the class weights' beside them,
+// where they share the logits' 16-byte grid), or kStreamWords words of logits and probabilities;
+// strided classes: a thread per position, or per four neighbouring ones where their logits share a
+// load (stream_quad), so that neighbouring threads read neighbouring positions and each class's
+// loads coalesce. A chunk is a CTA's worth of rows, claimed as the other families claim theirs, and
+// its sum goes to the exact sum.
+static_assert(kStreamVecs <= kBatch && kStreamWords <= kBatch, "a streamed batch in the registers of a row's batch");
 struct ClassIndices {};  // the targets of a streamed launch without probability targets
 template <class P>
 constexpr bool kIsProbs = !std::is_same<P, ClassIndices>::value;
@@ -95,8 +96,9 @@ __device__ __forceinline__ void stream_elements(const Params& p, const typename 
 }
 
 // A contiguous row's whole vectors v = lane, lane + group, ... < nvec, kStreamVecs at a time, with
-// the probabilities' vectors beside them (P's 16-byte words per E vector: 2 for float32
-// probabilities of 16-bit logits) and the class weights' where they share the logits' grid.
+// the class weights' where they share the logits' grid; or with the probabilities' vectors beside
+// them (P's 16-byte words per E vector: 2 for float32 probabilities of 16-bit logits), as many as
+// keep kStreamWords words in flight (the loads' pace is bytes in flight: "Streamed rows").
 // col0: the first vector's column.
 template <class E, class P>
 __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_vecs, const void* p_vecs, int col0,
@@ -106,7 +108,7 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
   const bool shares = kProbs || smoothing(p);
   const auto* w = static_cast<const typename E::Storage*>(p.weight) + col0;
   const bool w_vecs = weighted(p) && shares && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
-  constexpr int kVecs = kProbs ? kStreamVecs / 2 : kStreamVecs;  // two streams: as many bytes in flight, or more
+  constexpr int kVecs = kProbs ? kStreamWords / (1 + kWords) : kStreamVecs;
   const uint4 neg_inf = neg_inf_vec<E>();
   for (int v0 = lane; v0 < nvec; v0 += kVecs * group) {
     uint4 xb[kVecs], pb[kVecs][kWords], wb[kVecs];
