@@ -293,6 +293,20 @@ def _streamed_shape(rows, cols, elem_bytes, gpu, class_stride, offset, probs):
     return Plan(STREAMED, False, max(1, min(gpu.sms * _ctas_per_sm(STREAMED, gpu, staged), chunks)), group, chunks)
 
 
+def weight_phase_bytes(plan, rows, cols, row_stride, elem_bytes, class_stride, grid_gap):
+    """The workspace bytes of the class weights' shifted copies (streamed.cuh, row_weights) for a
+    streamed launch whose contiguous rows read class weights a vector at a time (the caller's test:
+    label smoothing or probability targets), where some row starts off the weights' 16-byte grid;
+    else 0. grid_gap: the logits' address minus the weights', mod 16. A copy per element of a vector,
+    each of whole vectors with room for its shift ("Streamed rows")."""
+    if plan.family != STREAMED or class_stride != 1:
+        return 0
+    if grid_gap == 0 and (rows == 1 or row_stride * elem_bytes % 16 == 0):
+        return 0
+    per_vec = 16 // elem_bytes
+    return 16 * (-(-(cols + per_vec - 1) // per_vec) * per_vec)
+
+
 def _quad_stage_bytes(elem_bytes):
     """The shared memory a CTA of quads stages its classes in, as the kernels' launch gives it
     (kQuadStages stages of kQuadClasses classes of every thread's quad), or 0 where one stage
@@ -571,6 +585,8 @@ PARTS = (
         # The options build's alone (kOptions) from here on.
         ("losses", "float*", "Q", "reduction none: a loss per row, in float32"),
         ("weight", "const void*", "Q", "class weights, C of the logits' dtype; null: none"),
+        ("weight_phases", "void*", "Q", "streamed: the class weights' shifted copies that rows off their 16-byte "
+                                        "grid read (streamed.cuh, row_weights); null: none"),
         ("weight_exact", "unsigned long long*", "Q", "weighted: the counted rows' weights' exact sum"),
         ("row_state", "float2*", "Q", "every row's (m, s), its max and sum of exp: its log-sum-exp m + log s, "
                                       "which the gradient reads; null: not asked"),
@@ -639,16 +655,17 @@ def preamble(options=False):
             f"constexpr cudaDeviceAttr kDeviceAttributes[] = {{{attributes}}};\n")
 
 
-def workspace_layout(splits, rows):
-    """Byte offsets of the exact sum, the weights' exact sum and the segment partials, and the bytes
-    in all. The counters fill the first 16 bytes (CTAs arrived, chunks claimed, rows ignored:
-    64-bit), each exact sum's words the next 80 (16-byte loads), and rows split into `splits`
-    segments (a plan's; 1: whole rows) have an (m, s, x_t) partial per segment."""
+def workspace_layout(splits, rows, phase_bytes=0):
+    """Byte offsets of the exact sum, the weights' exact sum, the segment partials and the class
+    weights' shifted copies, and the bytes in all. The counters fill the first 16 bytes (CTAs
+    arrived, chunks claimed, rows ignored: 64-bit), each exact sum's words the next 80 (16-byte
+    loads), rows split into `splits` segments (a plan's; 1: whole rows) have an (m, s, x_t) partial
+    per segment, and phase_bytes (policy.weight_phase_bytes) follow, on the 16-byte grid."""
     exact_off = 16
     weight_off = exact_off + 8 * EXACT_WORDS
     seg_off = weight_off + 8 * EXACT_WORDS
-    seg_bytes = 16 * rows * splits if splits > 1 else 0
-    return exact_off, weight_off, seg_off, seg_off + seg_bytes
+    phase_off = seg_off + (16 * rows * splits if splits > 1 else 0)
+    return exact_off, weight_off, seg_off, phase_off, phase_off + phase_bytes
 
 
 def softcap_rate(softcap):
@@ -3202,8 +3219,34 @@ __device__ __forceinline__ void stream_elements(const Params& p, const typename 
   }
 }
 
+// The class weights where a row's vectors read them: on the row's 16-byte grid. Rows that start off
+// the weights' grid (the host's choice: policy.weight_phases) read a copy shifted onto theirs: the
+// weights are copied E::kPerVec times (class_weight_phases_kernel), copy k so that its element j
+// lies on the grid where j % kPerVec == k; a row whose vectors start at column col0 reads copy
+// col0 % kPerVec. Read one element at a time instead, they cost the L1 eight loads a vector.
+template <class E>
+__host__ __device__ __forceinline__ long long weight_phase_stride(const Params& p) {  // a copy and its shift, whole vectors
+  return (p.cols + 2 * E::kPerVec - 2) / E::kPerVec * E::kPerVec;
+}
+template <class E>
+__device__ __forceinline__ const typename E::Storage* row_weights(const Params& p, int col0) {
+  using S = typename E::Storage;
+  if (p.weight_phases == nullptr) return static_cast<const S*>(p.weight) + col0;
+  const int k = col0 % E::kPerVec;
+  return static_cast<const S*>(p.weight_phases) + k * weight_phase_stride<E>(p) + (E::kPerVec - k) % E::kPerVec + col0;
+}
+template <class E>
+__global__ void __launch_bounds__(kThreads) class_weight_phases_kernel(const Params p) {  // copy blockIdx.y
+  using S = typename E::Storage;
+  const long long stride = weight_phase_stride<E>(p), i = (long long)blockIdx.x * kThreads + threadIdx.x;
+  const int k = blockIdx.y;
+  const long long j = i - (E::kPerVec - k) % E::kPerVec;
+  if (i < stride)
+    static_cast<S*>(p.weight_phases)[k * stride + i] = j >= 0 && j < p.cols ? static_cast<const S*>(p.weight)[j] : S(0);
+}
+
 // A contiguous row's whole vectors v = lane, lane + group, ... < nvec, kStreamVecs at a time, with
-// the class weights' where they share the logits' grid; or with the probabilities' vectors beside
+// the class weights' where shares read them (row_weights'); or with the probabilities' vectors beside
 // them (P's 16-byte words per E vector: 2 for float32 probabilities of 16-bit logits), as many as
 // keep kStreamWords words in flight (the loads' pace is bytes in flight: "Streamed rows").
 // col0: the first vector's column.
@@ -3213,8 +3256,8 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
   constexpr bool kProbs = kIsProbs<P>;
   constexpr int kWords = int(sizeof(typename ProbsFormat<E, P>::Storage)) * E::kPerVec / 16;
   const bool shares = kProbs || smoothing(p);
-  const auto* w = static_cast<const typename E::Storage*>(p.weight) + col0;
-  const bool w_vecs = weighted(p) && shares && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
+  const bool w_vecs = weighted(p) && shares;
+  const auto* w = w_vecs ? row_weights<E>(p, col0) : nullptr;
   constexpr int kVecs = kProbs ? kStreamWords / (1 + kWords) : kStreamVecs;
   const uint4 neg_inf = neg_inf_vec<E>();
   for (int v0 = lane; v0 < nvec; v0 += kVecs * group) {
@@ -3233,7 +3276,7 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
     const float base = safe_base(m);
     float s = st.s * exp2_approx((st.m - base) * kLog2e);
     const int nvalid = min(kVecs, (nvec - v0 + group - 1) / group);
-    // Each element's exp and gap, its weight from weight(u, i, column): one loop per source of weights.
+    // Each element's exp and gap, its weight from weight(u, i): with the class weights' vectors or without.
     auto add_gaps = [&](auto weight) {
       gap = gap_rebase(gap, safe_base(st.m), base);
 #pragma unroll
@@ -3243,8 +3286,7 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
           for (int i = 0; i < E::kPerVec; ++i) {
             float prob = 0.f;
             if constexpr (kProbs) prob = P::at(pb[u][i / P::kPerVec], i % P::kPerVec);
-            const float w_i = weight(u, i, col0 + (v0 + u * group) * E::kPerVec + i);
-            exp_and_gap(logit<E>(p, E::at(xb[u], i)), base, class_share<kProbs>(p, w_i, prob), s, gap);
+            exp_and_gap(logit<E>(p, E::at(xb[u], i)), base, class_share<kProbs>(p, weight(u, i), prob), s, gap);
           }
     };
     if (!shares && kSoftCapped<E>) {
@@ -3255,9 +3297,8 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
           for (int i = 0; i < E::kPerVec; ++i) s += exp2_approx((logit<E>(p, E::at(xb[u], i)) - base) * kLog2e);
     }
     else if (!shares) s = vectors_sum_exp<E>(xb, base, s, nvalid);
-    else if (w_vecs) add_gaps([&](int u, int i, int) { return E::at(wb[u], i); });
-    else if (weighted(p)) add_gaps([&](int, int, int col) { return weight_at<E>(p, col); });
-    else add_gaps([](int, int, int) { return 1.f; });
+    else if (w_vecs) add_gaps([&](int u, int i) { return E::at(wb[u], i); });
+    else add_gaps([](int, int) { return 1.f; });
     st = {m, s};
   }
 }
@@ -3496,6 +3537,10 @@ void launch_streamed(const Params& p) {
     constexpr bool kStrided = decltype(strided)::value;
     const size_t quad_smem = kStrided && !kIsProbs<P> && p.group == kQuad && kQuadStages<E> > 1 ?
                               kQuadStages<E> * kQuadClasses * kThreads * sizeof(Quad<E>) : 0;
+    if (!kStrided && p.weight_phases) {
+      const dim3 copies(unsigned((weight_phase_stride<E>(p) + kThreads - 1) / kThreads), E::kPerVec);
+      class_weight_phases_kernel<E><<<copies, kThreads, 0, p.stream>>>(p);
+    }
     cross_entropy_streamed_kernel<L, P, kStrided><<<p.grid, kThreads, quad_smem, p.stream>>>(p);
   });
 }
@@ -4643,11 +4688,12 @@ _MOST_PROBLEMS = 1024  # then forgotten, all at once
 
 def problem_key(logits, targets, options, fuse):
     """What tells one problem from another: every property of the tensors that a check, the layout or the
-    plan reads (the logits' offset from the 16-byte grid included), the options but the class weights'
-    values, and whether the fused family may take the logits."""
+    plan reads (the logits' and the class weights' offsets from the 16-byte grid included), the options
+    but the class weights' values, and whether the fused family may take the logits."""
     weight = options.weight
     if weight is not None:
-        options = (options._replace(weight=None), weight.shape, weight.stride(), weight.dtype, weight.device)
+        options = (options._replace(weight=None), weight.shape, weight.stride(), weight.dtype, weight.device,
+                   weight.data_ptr() % 16)
     return (logits.shape, logits.stride(), logits.dtype, logits.device, logits.data_ptr() % 16, targets.shape,
             targets.stride(), targets.dtype, targets.device, options, fuse)
 
@@ -4688,9 +4734,14 @@ def _work_out(rows, options, fuse):
     if fuse and plan.family == FUSED:
         gradient = gradient_plan(rows.rows, rows.cols, x.element_size(), device_gpu(rows.device), 1)
     default = options.weight is None and options[1:] == DEFAULTS[1:] and not rows.probs and rows.class_stride == 1
+    phase_bytes = 0  # the class weights' shifted copies, where rows read the weights a vector at a time
+    if rows.weight is not None and (rows.probs or options.label_smoothing):
+        phase_bytes = weight_phase_bytes(plan, rows.rows, rows.cols, x.stride(0), x.element_size(), rows.class_stride,
+                                         (x.data_ptr() - rows.weight.data_ptr()) % 16)
     return Problem(plan, problem_fields(rows, plan, options), rows.rows, rows.cols, x.stride(0), rows.class_stride,
                    rows.probs, rows.device, rows.result_dtype, options.reduction == "none",
-                   samples_shape(rows.original.shape), workspace_layout(plan.splits, rows.rows), default, gradient)
+                   samples_shape(rows.original.shape), workspace_layout(plan.splits, rows.rows, phase_bytes), default,
+                   gradient)
 
 
 def problem_fields(rows, plan, options):
@@ -4785,7 +4836,7 @@ def pack(problem, x, targets, weight, outputs, stream, ws):
     `stream` with the workspace `ws`), each field named beside its value, between the problem's. Packed
     from positions: matching some fifty keywords took a third of the dispatch's host time ("Build and host
     time")."""
-    exact_off, weight_off, seg_off, _ = problem.workspace
+    exact_off, weight_off, seg_off, phase_off, nbytes = problem.workspace
     base = ws.data_ptr()
     probs = problem.probs
     out, state, dx, scale, weight_total = outputs
@@ -4803,6 +4854,7 @@ def pack(problem, x, targets, weight, outputs, stream, ws):
         stream,                                            # stream
         out_ptr if problem.per_row else 0,                 # losses
         0 if weight is None else weight.data_ptr(),        # weight
+        base + phase_off if nbytes > phase_off else 0,     # weight_phases
         base + weight_off,                                 # weight_exact
         0 if state is None else state.data_ptr(),          # row_state
         targets.data_ptr() if probs else 0,                # probs
@@ -4825,7 +4877,7 @@ def _launch(problem, logits, x, targets, weight, options, check_targets, keep_st
     if check_targets and not problem.probs:
         first_bad_target(targets, problem.cols, options.ignore_index)
     stream = current_stream(problem.device)
-    ws = workspace(problem.device, stream, problem.workspace[3])
+    ws = workspace(problem.device, stream, problem.workspace[-1])
     outputs = allocate(problem, logits, weight, options, keep_state, inplace)
     block = pack(problem, x, targets, weight, outputs, stream, ws)
     (default_extension() if problem.default and not keep_state else options_extension()).launch(block)
@@ -4904,7 +4956,7 @@ def node_forward(logits, called, options, check_targets=False):
     if check_targets:
         first_bad_target(t, problem.cols, options.ignore_index)
     stream = current_stream(problem.device)
-    ws = workspace(problem.device, stream, problem.workspace[3])
+    ws = workspace(problem.device, stream, problem.workspace[-1])
     block = pack(problem, x, t, weight, _NOTHING, stream, ws)
     loss_shape = problem.samples_shape if problem.per_row else ()
     return options_extension().fused_loss(logits, t, weight, block, problem.gradient.group, problem.gradient.grid,

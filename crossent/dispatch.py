@@ -17,7 +17,7 @@ from .build import default_extension, device_gpu, options_extension
 from .constants import CLASS_INDICES, DTYPE_CODES, FUSED, MAX_SEG, REDUCTIONS
 from .inputs import DEFAULTS, Options, first_bad_target, prepare, samples_shape
 from .params import CALL_PARTS, PROBLEM_PARTS, softcap_rate, workspace_layout
-from .policy import Plan, gradient_plan, plan_launch
+from .policy import Plan, gradient_plan, plan_launch, weight_phase_bytes
 
 _workspaces = {}  # (device index, stream) -> int32 tensor whose counters and exact sum are back at zero
 
@@ -87,11 +87,12 @@ _MOST_PROBLEMS = 1024  # then forgotten, all at once
 
 def problem_key(logits, targets, options, fuse):
     """What tells one problem from another: every property of the tensors that a check, the layout or the
-    plan reads (the logits' offset from the 16-byte grid included), the options but the class weights'
-    values, and whether the fused family may take the logits."""
+    plan reads (the logits' and the class weights' offsets from the 16-byte grid included), the options
+    but the class weights' values, and whether the fused family may take the logits."""
     weight = options.weight
     if weight is not None:
-        options = (options._replace(weight=None), weight.shape, weight.stride(), weight.dtype, weight.device)
+        options = (options._replace(weight=None), weight.shape, weight.stride(), weight.dtype, weight.device,
+                   weight.data_ptr() % 16)
     return (logits.shape, logits.stride(), logits.dtype, logits.device, logits.data_ptr() % 16, targets.shape,
             targets.stride(), targets.dtype, targets.device, options, fuse)
 
@@ -132,9 +133,14 @@ def _work_out(rows, options, fuse):
     if fuse and plan.family == FUSED:
         gradient = gradient_plan(rows.rows, rows.cols, x.element_size(), device_gpu(rows.device), 1)
     default = options.weight is None and options[1:] == DEFAULTS[1:] and not rows.probs and rows.class_stride == 1
+    phase_bytes = 0  # the class weights' shifted copies, where rows read the weights a vector at a time
+    if rows.weight is not None and (rows.probs or options.label_smoothing):
+        phase_bytes = weight_phase_bytes(plan, rows.rows, rows.cols, x.stride(0), x.element_size(), rows.class_stride,
+                                         (x.data_ptr() - rows.weight.data_ptr()) % 16)
     return Problem(plan, problem_fields(rows, plan, options), rows.rows, rows.cols, x.stride(0), rows.class_stride,
                    rows.probs, rows.device, rows.result_dtype, options.reduction == "none",
-                   samples_shape(rows.original.shape), workspace_layout(plan.splits, rows.rows), default, gradient)
+                   samples_shape(rows.original.shape), workspace_layout(plan.splits, rows.rows, phase_bytes), default,
+                   gradient)
 
 
 def problem_fields(rows, plan, options):
@@ -229,7 +235,7 @@ def pack(problem, x, targets, weight, outputs, stream, ws):
     `stream` with the workspace `ws`), each field named beside its value, between the problem's. Packed
     from positions: matching some fifty keywords took a third of the dispatch's host time ("Build and host
     time")."""
-    exact_off, weight_off, seg_off, _ = problem.workspace
+    exact_off, weight_off, seg_off, phase_off, nbytes = problem.workspace
     base = ws.data_ptr()
     probs = problem.probs
     out, state, dx, scale, weight_total = outputs
@@ -247,6 +253,7 @@ def pack(problem, x, targets, weight, outputs, stream, ws):
         stream,                                            # stream
         out_ptr if problem.per_row else 0,                 # losses
         0 if weight is None else weight.data_ptr(),        # weight
+        base + phase_off if nbytes > phase_off else 0,     # weight_phases
         base + weight_off,                                 # weight_exact
         0 if state is None else state.data_ptr(),          # row_state
         targets.data_ptr() if probs else 0,                # probs
@@ -269,7 +276,7 @@ def _launch(problem, logits, x, targets, weight, options, check_targets, keep_st
     if check_targets and not problem.probs:
         first_bad_target(targets, problem.cols, options.ignore_index)
     stream = current_stream(problem.device)
-    ws = workspace(problem.device, stream, problem.workspace[3])
+    ws = workspace(problem.device, stream, problem.workspace[-1])
     outputs = allocate(problem, logits, weight, options, keep_state, inplace)
     block = pack(problem, x, targets, weight, outputs, stream, ws)
     (default_extension() if problem.default and not keep_state else options_extension()).launch(block)
@@ -348,7 +355,7 @@ def node_forward(logits, called, options, check_targets=False):
     if check_targets:
         first_bad_target(t, problem.cols, options.ignore_index)
     stream = current_stream(problem.device)
-    ws = workspace(problem.device, stream, problem.workspace[3])
+    ws = workspace(problem.device, stream, problem.workspace[-1])
     block = pack(problem, x, t, weight, _NOTHING, stream, ws)
     loss_shape = problem.samples_shape if problem.per_row else ()
     return options_extension().fused_loss(logits, t, weight, block, problem.gradient.group, problem.gradient.grid,

@@ -53,6 +53,8 @@ PARTS = (
         # The options build's alone (kOptions) from here on.
         ("losses", "float*", "Q", "reduction none: a loss per row, in float32"),
         ("weight", "const void*", "Q", "class weights, C of the logits' dtype; null: none"),
+        ("weight_phases", "void*", "Q", "streamed: the class weights' shifted copies that rows off their 16-byte "
+                                        "grid read (streamed.cuh, row_weights); null: none"),
         ("weight_exact", "unsigned long long*", "Q", "weighted: the counted rows' weights' exact sum"),
         ("row_state", "float2*", "Q", "every row's (m, s), its max and sum of exp: its log-sum-exp m + log s, "
                                       "which the gradient reads; null: not asked"),
@@ -121,16 +123,17 @@ def preamble(options=False):
             f"constexpr cudaDeviceAttr kDeviceAttributes[] = {{{attributes}}};\n")
 
 
-def workspace_layout(splits, rows):
-    """Byte offsets of the exact sum, the weights' exact sum and the segment partials, and the bytes
-    in all. The counters fill the first 16 bytes (CTAs arrived, chunks claimed, rows ignored:
-    64-bit), each exact sum's words the next 80 (16-byte loads), and rows split into `splits`
-    segments (a plan's; 1: whole rows) have an (m, s, x_t) partial per segment."""
+def workspace_layout(splits, rows, phase_bytes=0):
+    """Byte offsets of the exact sum, the weights' exact sum, the segment partials and the class
+    weights' shifted copies, and the bytes in all. The counters fill the first 16 bytes (CTAs
+    arrived, chunks claimed, rows ignored: 64-bit), each exact sum's words the next 80 (16-byte
+    loads), rows split into `splits` segments (a plan's; 1: whole rows) have an (m, s, x_t) partial
+    per segment, and phase_bytes (policy.weight_phase_bytes) follow, on the 16-byte grid."""
     exact_off = 16
     weight_off = exact_off + 8 * EXACT_WORDS
     seg_off = weight_off + 8 * EXACT_WORDS
-    seg_bytes = 16 * rows * splits if splits > 1 else 0
-    return exact_off, weight_off, seg_off, seg_off + seg_bytes
+    phase_off = seg_off + (16 * rows * splits if splits > 1 else 0)
+    return exact_off, weight_off, seg_off, phase_off, phase_off + phase_bytes
 
 
 def softcap_rate(softcap):

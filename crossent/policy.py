@@ -170,6 +170,20 @@ def _streamed_shape(rows, cols, elem_bytes, gpu, class_stride, offset, probs):
     return Plan(STREAMED, False, max(1, min(gpu.sms * _ctas_per_sm(STREAMED, gpu, staged), chunks)), group, chunks)
 
 
+def weight_phase_bytes(plan, rows, cols, row_stride, elem_bytes, class_stride, grid_gap):
+    """The workspace bytes of the class weights' shifted copies (streamed.cuh, row_weights) for a
+    streamed launch whose contiguous rows read class weights a vector at a time (the caller's test:
+    label smoothing or probability targets), where some row starts off the weights' 16-byte grid;
+    else 0. grid_gap: the logits' address minus the weights', mod 16. A copy per element of a vector,
+    each of whole vectors with room for its shift ("Streamed rows")."""
+    if plan.family != STREAMED or class_stride != 1:
+        return 0
+    if grid_gap == 0 and (rows == 1 or row_stride * elem_bytes % 16 == 0):
+        return 0
+    per_vec = 16 // elem_bytes
+    return 16 * (-(-(cols + per_vec - 1) // per_vec) * per_vec)
+
+
 def _quad_stage_bytes(elem_bytes):
     """The shared memory a CTA of quads stages its classes in, as the kernels' launch gives it
     (kQuadStages stages of kQuadClasses classes of every thread's quad), or 0 where one stage

@@ -62,7 +62,7 @@ def split_merge(gathered, t, classes, ranks, options, dtype):
     state = torch.empty((rows, 2), dtype=torch.float32, device=device)
     scale = torch.empty((), dtype=torch.float32, device=device) if mean else None
     weight_total = weight.sum(dtype=torch.float32) if weight is not None and smoothing else None
-    exact_off, weight_off, _, nbytes = workspace_layout(1, rows)
+    exact_off, weight_off, _, _, nbytes = workspace_layout(1, rows)
     index = device.index
     stream = current_stream(index)
     ws = workspace(index, stream, nbytes)  # held until the launch

@@ -1,4 +1,5 @@
-"""Runs the kernel once on every GPU-suite shape and view; meant to run under compute-sanitizer.
+"""Runs the kernel once on every GPU-suite shape and view, and the streamed rows with class weights;
+meant to run under compute-sanitizer.
 
     compute-sanitizer --tool memcheck python tests/sanitize_cases.py --both-loads
     compute-sanitizer --tool racecheck python tests/sanitize_cases.py
@@ -37,5 +38,15 @@ for evict_first in kinds:
                     for _, x in views(rows, cols, dtype):
                         model(x, t)
                         runs += 1
+# The options build's streamed rows that read class weights a vector at a time: rows on and off the
+# weights' grid, and the weights off every grid (their shifted copies, streamed.cuh's row_weights).
+for dtype in DTYPES.values():
+    for rows, cols in ((64, 1003), (5, 4096), (3, 50257)):
+        x, t = logits(rows, cols, dtype), targets(rows, cols)
+        probs = torch.softmax(logits(rows, cols, torch.float32), 1).to(dtype)
+        for w in (torch.rand(cols, device="cuda").to(dtype), torch.rand(cols + 1, device="cuda").to(dtype)[1:]):
+            crossent.cross_entropy(x, t, w, label_smoothing=0.1)
+            crossent.cross_entropy(x, probs, w)
+            runs += 2
 torch.cuda.synchronize()
 print(f"sanitize_cases: {runs} launches")

@@ -45,7 +45,7 @@ def test_every_gpus_plans_are_legal_and_sensible(name, elem_bytes):
         else:
             assert p.chunks >= p.grid or p.chunks == 0, where
         if p.splits > 1:  # a partial per segment, all in the workspace
-            assert params.workspace_layout(p.splits, rows)[3] >= 16 * rows * p.splits + 176, where
+            assert params.workspace_layout(p.splits, rows)[-1] >= 16 * rows * p.splits + 176, where
         if rows * cols * elem_bytes >= LARGE:
             assert p.grid >= g.sms, where
 

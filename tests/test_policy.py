@@ -6,7 +6,7 @@ import pytest
 from cases import PATHS
 from crossent import dispatch, params, policy
 from crossent.constants import (CTAS_PER_SM, ELEMENT_SWEEPS, EXACT_WORDS, MAX_SEG, ONE_ROW, ONE_ROW_THREADS,
-                                PAIR_SWEEPS, ROW_BATCHES, ROWS, THREADS, TILES, VECTOR_SWEEPS)
+                                PAIR_SWEEPS, ROW_BATCHES, ROWS, STREAMED, THREADS, TILES, VECTOR_SWEEPS)
 from plans import GPU_PLANS, GPUS, H100, SHAPES, gpu, plan, plan_on
 
 FAMILIES = {ROWS: "rows", TILES: "tiles", ROW_BATCHES: "row batches", ONE_ROW: "one row"}
@@ -193,12 +193,33 @@ def test_plan_on_reads_the_device(monkeypatch):
 @pytest.mark.parametrize("rows, cols", [(1, 3), (5, 4096), (70000, 3), (70000, 4096), (5, 300000), (32768, 4096)])
 def test_workspace_layouts_are_aligned(rows, cols):
     p = plan(rows, cols, 4, False)
-    exact_off, weight_off, seg_off, nbytes = params.workspace_layout(p.splits, rows)
+    phase_bytes = 16 * (cols + 7)
+    exact_off, weight_off, seg_off, phase_off, nbytes = params.workspace_layout(p.splits, rows, phase_bytes)
     # The counters first (16 bytes), then each exact sum's words, read 16 bytes at a time.
     assert exact_off == 16 and EXACT_WORDS % 2 == 0
     assert weight_off == exact_off + 8 * EXACT_WORDS and weight_off % 16 == 0
     assert seg_off >= weight_off + 8 * EXACT_WORDS and seg_off % 16 == 0
-    assert nbytes == seg_off + (16 * rows * p.splits if p.splits > 1 else 0)
+    assert phase_off == seg_off + (16 * rows * p.splits if p.splits > 1 else 0) and phase_off % 16 == 0
+    assert nbytes == phase_off + phase_bytes
+
+
+@pytest.mark.parametrize("elem_bytes", [4, 2])
+def test_weight_phases_only_where_a_streamed_row_starts_off_the_weights_grid(elem_bytes):
+    """weight_phase_bytes: the shifted copies of the class weights (streamed.cuh, row_weights), 16-byte
+    vectors' worth of whole copies, one per element of a vector, where contiguous streamed rows do not
+    all share the weights' 16-byte grid; nothing elsewhere."""
+    per_vec = 16 // elem_bytes
+    streamed = policy.plan_launch(8192, 50257, 50257, elem_bytes, H100, 0, weighted=True, smoothed=True)
+    assert streamed.family == STREAMED
+    phases = policy.weight_phase_bytes
+    for cols in (1, 7, 50257, 4096):
+        whole = -(-(cols + per_vec - 1) // per_vec) * per_vec  # a copy's elements: room for its shift
+        assert phases(streamed, 3, cols, 4097, elem_bytes, 1, 0) == per_vec * whole * elem_bytes  # rows off the grid
+        assert phases(streamed, 3, cols, 4096, elem_bytes, 1, 2 * elem_bytes) == 16 * whole  # the weights off theirs
+    assert phases(streamed, 3, 50257, 4096, elem_bytes, 1, 0) == 0  # every row on the weights' grid
+    assert phases(streamed, 1, 50257, 50257, elem_bytes, 1, 0) == 0  # one row, on it
+    assert phases(streamed, 3, 50257, 50257, elem_bytes, 7, 0) == 0  # strided classes read one at a time
+    assert phases(plan(8192, 50257, elem_bytes), 3, 50257, 50257, elem_bytes, 1, 4) == 0  # not streamed
 
 
 def test_a_rounding_launch_takes_every_resident_cta_or_a_piece_a_thread():

@@ -95,8 +95,34 @@ __device__ __forceinline__ void stream_elements(const Params& p, const typename 
   }
 }
 
+// The class weights where a row's vectors read them: on the row's 16-byte grid. Rows that start off
+// the weights' grid (the host's choice: policy.weight_phases) read a copy shifted onto theirs: the
+// weights are copied E::kPerVec times (class_weight_phases_kernel), copy k so that its element j
+// lies on the grid where j % kPerVec == k; a row whose vectors start at column col0 reads copy
+// col0 % kPerVec. Read one element at a time instead, they cost the L1 eight loads a vector.
+template <class E>
+__host__ __device__ __forceinline__ long long weight_phase_stride(const Params& p) {  // a copy and its shift, whole vectors
+  return (p.cols + 2 * E::kPerVec - 2) / E::kPerVec * E::kPerVec;
+}
+template <class E>
+__device__ __forceinline__ const typename E::Storage* row_weights(const Params& p, int col0) {
+  using S = typename E::Storage;
+  if (p.weight_phases == nullptr) return static_cast<const S*>(p.weight) + col0;
+  const int k = col0 % E::kPerVec;
+  return static_cast<const S*>(p.weight_phases) + k * weight_phase_stride<E>(p) + (E::kPerVec - k) % E::kPerVec + col0;
+}
+template <class E>
+__global__ void __launch_bounds__(kThreads) class_weight_phases_kernel(const Params p) {  // copy blockIdx.y
+  using S = typename E::Storage;
+  const long long stride = weight_phase_stride<E>(p), i = (long long)blockIdx.x * kThreads + threadIdx.x;
+  const int k = blockIdx.y;
+  const long long j = i - (E::kPerVec - k) % E::kPerVec;
+  if (i < stride)
+    static_cast<S*>(p.weight_phases)[k * stride + i] = j >= 0 && j < p.cols ? static_cast<const S*>(p.weight)[j] : S(0);
+}
+
 // A contiguous row's whole vectors v = lane, lane + group, ... < nvec, kStreamVecs at a time, with
-// the class weights' where they share the logits' grid; or with the probabilities' vectors beside
+// the class weights' where shares read them (row_weights'); or with the probabilities' vectors beside
 // them (P's 16-byte words per E vector: 2 for float32 probabilities of 16-bit logits), as many as
 // keep kStreamWords words in flight (the loads' pace is bytes in flight: "Streamed rows").
 // col0: the first vector's column.
@@ -106,8 +132,8 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
   constexpr bool kProbs = kIsProbs<P>;
   constexpr int kWords = int(sizeof(typename ProbsFormat<E, P>::Storage)) * E::kPerVec / 16;
   const bool shares = kProbs || smoothing(p);
-  const auto* w = static_cast<const typename E::Storage*>(p.weight) + col0;
-  const bool w_vecs = weighted(p) && shares && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
+  const bool w_vecs = weighted(p) && shares;
+  const auto* w = w_vecs ? row_weights<E>(p, col0) : nullptr;
   constexpr int kVecs = kProbs ? kStreamWords / (1 + kWords) : kStreamVecs;
   const uint4 neg_inf = neg_inf_vec<E>();
   for (int v0 = lane; v0 < nvec; v0 += kVecs * group) {
@@ -126,7 +152,7 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
     const float base = safe_base(m);
     float s = st.s * exp2_approx((st.m - base) * kLog2e);
     const int nvalid = min(kVecs, (nvec - v0 + group - 1) / group);
-    // Each element's exp and gap, its weight from weight(u, i, column): one loop per source of weights.
+    // Each element's exp and gap, its weight from weight(u, i): with the class weights' vectors or without.
     auto add_gaps = [&](auto weight) {
       gap = gap_rebase(gap, safe_base(st.m), base);
 #pragma unroll
@@ -136,8 +162,7 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
           for (int i = 0; i < E::kPerVec; ++i) {
             float prob = 0.f;
             if constexpr (kProbs) prob = P::at(pb[u][i / P::kPerVec], i % P::kPerVec);
-            const float w_i = weight(u, i, col0 + (v0 + u * group) * E::kPerVec + i);
-            exp_and_gap(logit<E>(p, E::at(xb[u], i)), base, class_share<kProbs>(p, w_i, prob), s, gap);
+            exp_and_gap(logit<E>(p, E::at(xb[u], i)), base, class_share<kProbs>(p, weight(u, i), prob), s, gap);
           }
     };
     if (!shares && kSoftCapped<E>) {
@@ -148,9 +173,8 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
           for (int i = 0; i < E::kPerVec; ++i) s += exp2_approx((logit<E>(p, E::at(xb[u], i)) - base) * kLog2e);
     }
     else if (!shares) s = vectors_sum_exp<E>(xb, base, s, nvalid);
-    else if (w_vecs) add_gaps([&](int u, int i, int) { return E::at(wb[u], i); });
-    else if (weighted(p)) add_gaps([&](int, int, int col) { return weight_at<E>(p, col); });
-    else add_gaps([](int, int, int) { return 1.f; });
+    else if (w_vecs) add_gaps([&](int u, int i) { return E::at(wb[u], i); });
+    else add_gaps([](int, int) { return 1.f; });
     st = {m, s};
   }
 }
@@ -389,6 +413,10 @@ void launch_streamed(const Params& p) {
     constexpr bool kStrided = decltype(strided)::value;
     const size_t quad_smem = kStrided && !kIsProbs<P> && p.group == kQuad && kQuadStages<E> > 1 ?
                               kQuadStages<E> * kQuadClasses * kThreads * sizeof(Quad<E>) : 0;
+    if (!kStrided && p.weight_phases) {
+      const dim3 copies(unsigned((weight_phase_stride<E>(p) + kThreads - 1) / kThreads), E::kPerVec);
+      class_weight_phases_kernel<E><<<copies, kThreads, 0, p.stream>>>(p);
+    }
     cross_entropy_streamed_kernel<L, P, kStrided><<<p.grid, kThreads, quad_smem, p.stream>>>(p);
   });
 }
