@@ -3248,8 +3248,9 @@ __global__ void __launch_bounds__(kThreads) class_weight_phases_kernel(const Par
 // A contiguous row's whole vectors v = lane, lane + group, ... < nvec, kStreamVecs at a time, with
 // the class weights' where shares read them (row_weights'); or with the probabilities' vectors beside
 // them (P's 16-byte words per E vector: 2 for float32 probabilities of 16-bit logits), as many as
-// keep kStreamWords words in flight (the loads' pace is bytes in flight: "Streamed rows").
-// col0: the first vector's column.
+// keep kStreamWords words in flight (the loads' pace is bytes in flight: "Streamed rows"). Every
+// batch but a row's last is whole, and tests no vector against the row's end: at 16 bits those
+// tests cost a third as much again as the exps and gaps. col0: the first vector's column.
 template <class E, class P>
 __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_vecs, const void* p_vecs, int col0,
                                                int lane, int group, int nvec, Lse& st, Gap& gap) {
@@ -3259,23 +3260,25 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
   const bool w_vecs = weighted(p) && shares;
   const auto* w = w_vecs ? row_weights<E>(p, col0) : nullptr;
   constexpr int kVecs = kProbs ? kStreamWords / (1 + kWords) : kStreamVecs;
-  const uint4 neg_inf = neg_inf_vec<E>();
-  for (int v0 = lane; v0 < nvec; v0 += kVecs * group) {
+  // The vectors v0, v0 + group, ...: kVecs of them where kWhole, else those before the row's end.
+  auto add_batch = [&](int v0, auto whole) {
+    constexpr bool kWhole = decltype(whole)::value;
+    const int nvalid = kWhole ? kVecs : min(kVecs, (nvec - v0 + group - 1) / group);
     uint4 xb[kVecs], pb[kVecs][kWords], wb[kVecs];
 #pragma unroll
     for (int u = 0; u < kVecs; ++u) {
-      const int v = v0 + u * group;
-      xb[u] = v < nvec ? x_vecs[v] : neg_inf;
+      // Past the row's end its last vector stands in: the max stays, and the exps stop at nvalid.
+      const int v = kWhole ? v0 + u * group : min(v0 + u * group, nvec - 1);
+      xb[u] = x_vecs[v];
       if constexpr (kProbs)
 #pragma unroll
-        for (int k = 0; k < kWords; ++k) pb[u][k] = v < nvec ? static_cast<const uint4*>(p_vecs)[v * kWords + k] : uint4{};
-      if (w_vecs) wb[u] = v < nvec ? reinterpret_cast<const uint4*>(w)[v] : uint4{};
+        for (int k = 0; k < kWords; ++k) pb[u][k] = static_cast<const uint4*>(p_vecs)[v * kWords + k];
+      if (w_vecs) wb[u] = reinterpret_cast<const uint4*>(w)[v];
     }
-    // The cap rises with x: the capped max is the raw max capped (at least one vector is the row's).
+    // The cap rises with x: the capped max is the raw max capped.
     const float m = fmaxf(st.m, logit<E>(p, vectors_max<E>(xb)));
     const float base = safe_base(m);
     float s = st.s * exp2_approx((st.m - base) * kLog2e);
-    const int nvalid = min(kVecs, (nvec - v0 + group - 1) / group);
     // Each element's exp and gap, its weight from weight(u, i): with the class weights' vectors or without.
     auto add_gaps = [&](auto weight) {
       gap = gap_rebase(gap, safe_base(st.m), base);
@@ -3300,7 +3303,13 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
     else if (w_vecs) add_gaps([&](int u, int i) { return E::at(wb[u], i); });
     else add_gaps([](int, int) { return 1.f; });
     st = {m, s};
-  }
+  };
+  // Whole batches while the group's last lane has one: the test is the same in every lane of the
+  // row, which the lanes of one warp would otherwise take apart, running both kinds of batch. Then
+  // one batch at most: in every lane the next would start past the row's end.
+  int v0 = lane;
+  for (; (v0 | (group - 1)) + (kVecs - 1) * group < nvec; v0 += kVecs * group) add_batch(v0, std::true_type{});
+  if (v0 < nvec) add_batch(v0, std::false_type{});
 }
 
 // One row's (m, s) and Gap in this lane, its share of the row: columns [0, cols), `stride` elements
