@@ -3220,12 +3220,13 @@ __device__ __forceinline__ void stream_elements(const Params& p, const typename 
 }
 
 // The class weights where a row's vectors read them: on the row's 16-byte grid. Rows that start off
-// the weights' grid (the host's choice: policy.weight_phases) read a copy shifted onto theirs: the
-// weights are copied E::kPerVec times (class_weight_phases_kernel), copy k so that its element j
-// lies on the grid where j % kPerVec == k; a row whose vectors start at column col0 reads copy
-// col0 % kPerVec. Read one element at a time instead, they cost the L1 eight loads a vector.
+// the weights' grid (the host's choice: policy.weight_phase_bytes) read a copy shifted onto theirs:
+// the weights are copied E::kPerVec times (cross_entropy_weight_phases_kernel), copy k so that its
+// element j lies on the grid where j % kPerVec == k; a row whose vectors start at column col0 reads
+// copy col0 % kPerVec. Read one element at a time instead, they cost the L1 eight loads a vector.
+// A copy's elements: whole vectors, with room for its shift.
 template <class E>
-__host__ __device__ __forceinline__ long long weight_phase_stride(const Params& p) {  // a copy and its shift, whole vectors
+__host__ __device__ __forceinline__ long long weight_phase_stride(const Params& p) {
   return (p.cols + 2 * E::kPerVec - 2) / E::kPerVec * E::kPerVec;
 }
 template <class E>
@@ -3235,8 +3236,8 @@ __device__ __forceinline__ const typename E::Storage* row_weights(const Params& 
   const int k = col0 % E::kPerVec;
   return static_cast<const S*>(p.weight_phases) + k * weight_phase_stride<E>(p) + (E::kPerVec - k) % E::kPerVec + col0;
 }
-template <class E>
-__global__ void __launch_bounds__(kThreads) class_weight_phases_kernel(const Params p) {  // copy blockIdx.y
+template <class E>  // copy blockIdx.y
+__global__ void __launch_bounds__(kThreads, kResidentCtas) cross_entropy_weight_phases_kernel(const Params p) {
   using S = typename E::Storage;
   const long long stride = weight_phase_stride<E>(p), i = (long long)blockIdx.x * kThreads + threadIdx.x;
   const int k = blockIdx.y;
@@ -3264,7 +3265,8 @@ __device__ __forceinline__ void stream_vectors(const Params& p, const uint4* x_v
   auto add_batch = [&](int v0, auto whole) {
     constexpr bool kWhole = decltype(whole)::value;
     const int nvalid = kWhole ? kVecs : min(kVecs, (nvec - v0 + group - 1) / group);
-    uint4 xb[kVecs], pb[kVecs][kWords], wb[kVecs];
+    uint4 xb[kVecs], wb[kVecs];
+    [[maybe_unused]] uint4 pb[kVecs][kWords];  // probabilities only
 #pragma unroll
     for (int u = 0; u < kVecs; ++u) {
       // Past the row's end its last vector stands in: the max stays, and the exps stop at nvalid.
@@ -3548,7 +3550,7 @@ void launch_streamed(const Params& p) {
                               kQuadStages<E> * kQuadClasses * kThreads * sizeof(Quad<E>) : 0;
     if (!kStrided && p.weight_phases) {
       const dim3 copies(unsigned((weight_phase_stride<E>(p) + kThreads - 1) / kThreads), E::kPerVec);
-      class_weight_phases_kernel<E><<<copies, kThreads, 0, p.stream>>>(p);
+      cross_entropy_weight_phases_kernel<E><<<copies, kThreads, 0, p.stream>>>(p);
     }
     cross_entropy_streamed_kernel<L, P, kStrided><<<p.grid, kThreads, quad_smem, p.stream>>>(p);
   });

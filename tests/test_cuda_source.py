@@ -25,15 +25,17 @@ PTXAS = os.path.join(os.path.dirname(os.path.realpath(NVCC)), "ptxas") if NVCC e
 # for row batches, 1 or 2 rows x 2 kinds of load; one row, the dtype alone. The options build adds
 # the streamed family: plain or soft-capped logits x contiguous or strided classes x (class indices,
 # probabilities of the logits' dtype, float32 probabilities: one instance with the second for
-# float32 logits), and the gradient, in the same instances; and the fused family, plain or soft-capped
-# logits and plain ones held by a cluster, with its divisor's kernel, the in-place gradient's
-# scaling, a split vocabulary's terms and merge, and a float32 sum's rounding, one a dtype.
+# float32 logits), with the class weights' shifted copies, one a dtype, and the gradient, in the same
+# instances; and the fused family, plain or soft-capped logits and plain ones held by a cluster, with
+# its divisor's kernel, the in-place gradient's scaling, a split vocabulary's terms and merge, and a
+# float32 sum's rounding, one a dtype.
 INSTANCES = {"rows": 3 * 2 * 3, "tiles": 3 * 2 * 3 * 2, "row_batches": 3 * 2 * 2, "one_row": 3}
-OPTIONS_INSTANCES = {**INSTANCES, "streamed": 2 * 2 * (2 + 3 + 3), "gradient": 2 * 2 * (2 + 3 + 3),
-                     "fused": 3 * 3, "divisor": 3, "scale": 3, "split_terms": 3, "split_merge": 3, "round": 3}
+OPTIONS_INSTANCES = {**INSTANCES, "streamed": 2 * 2 * (2 + 3 + 3), "weight_phases": 3,
+                     "gradient": 2 * 2 * (2 + 3 + 3), "fused": 3 * 3, "divisor": 3, "scale": 3, "split_terms": 3,
+                     "split_merge": 3, "round": 3}
 FAMILY_CODES = {"rows": ROWS, "tiles": TILES, "row_batches": ROW_BATCHES, "one_row": ONE_ROW, "streamed": STREAMED,
-                "gradient": GRADIENT, "fused": FUSED, "divisor": FUSED, "scale": SCALE, "split_terms": SPLIT_TERMS,
-                "split_merge": SPLIT_MERGE, "round": ROUND}
+                "weight_phases": STREAMED, "gradient": GRADIENT, "fused": FUSED, "divisor": FUSED, "scale": SCALE,
+                "split_terms": SPLIT_TERMS, "split_merge": SPLIT_MERGE, "round": ROUND}
 # Shared memory a family's launch adds to its arrays: rows in registers, segments_total's slab.
 DYNAMIC_SHARED = {"rows": 16 * SEG_SLAB + 4 * THREADS}
 ARCHS = sorted({f"{t['major']}{t['minor']}" for t in GPUS.values()}, key=int)
