@@ -156,8 +156,8 @@ def test_the_options_build_keeps_the_default_builds_fields_in_place():
     """Its fields come last, after the stream, and only its source reads them (kOptions)."""
     names = [name for name, *_ in params.PARAMS]
     assert names[names.index("stream") + 1:] == [
-        "losses", "weight", "weight_phases", "weight_exact", "row_state", "probs", "grad", "grad_out", "grad_scale", "grad_lse",
-        "weight_total", "grad_probs", "grad_in", "terms", "lse", "ignore_index", "reduction", "float32_out",
+        "losses", "weight", "weight_phases", "weight_exact", "row_state", "probs", "grad", "grad_out", "grad_scale",
+        "grad_lse", "weight_total", "grad_probs", "grad_in", "terms", "lse", "ignore_index", "reduction", "float32_out",
         "z_loss", "label_smoothing", "smoothing_per_class", "probs_stride", "class_stride", "probs_dtype",
         "grad_dtype", "softcap", "softcap_rate", "grad_row_stride", "class_start", "classes", "ranks"]
     assert names[:names.index("stream")] == ["logits", "targets", "out", "counter", "ignored_rows", "exact",
