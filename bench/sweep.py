@@ -169,6 +169,8 @@ def kdim_main(args):
             if args.out:
                 with open(args.out + ".json", "w") as f:
                     json.dump(rows, f, indent=1)
+    if args.out:
+        save_plot(plot_kdim, rows, args.out + ".png")
     return 0 if all(r["correct"] for r in rows) else 1
 
 
@@ -198,8 +200,8 @@ def train_main(args):
             if args.out:
                 with open(args.out + ".json", "w") as f:
                     json.dump(rows, f, indent=1)
-    if args.out and can_plot():
-        plot_train(rows, args.out + ".png")
+    if args.out:
+        save_plot(plot_train, rows, args.out + ".png")
     return 0 if all(r["correct"] for r in rows) else 1
 
 
@@ -264,6 +266,8 @@ def options_main(args, shapes):
             if args.out:
                 with open(args.out + ".json", "w") as f:
                     json.dump(rows, f, indent=1)
+    if args.out:
+        save_plot(plot_options, rows, args.out + ".png")
     return 0 if all(r["correct"] for r in rows) else 1
 
 
@@ -306,6 +310,63 @@ def plot(rows, path, title):
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def plot_options(rows, path):
+    """--options: ModelNew's share of the read per set of options, a panel per dtype, a bar per shape."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    mine = [r for r in rows if r["impl"] == "model_new"]
+    dtypes = list(dict.fromkeys(r["dtype"] for r in mine))
+    sets = list(dict.fromkeys(r["options"] for r in mine))
+    shapes = list(dict.fromkeys((r["N"], r["C"]) for r in mine))
+    got = {(r["dtype"], r["options"], r["N"], r["C"]): r["fraction_of_floor"] for r in mine}
+    fig, axes = plt.subplots(len(dtypes), 1, figsize=(max(10, 0.75 * len(sets)), 3.2 * len(dtypes)), squeeze=False)
+    width = 0.8 / len(shapes)
+    for ax, d in zip(axes[:, 0], dtypes):
+        for j, (n, c) in enumerate(shapes):
+            at = [i + (j - (len(shapes) - 1) / 2) * width for i in range(len(sets))]
+            ax.bar(at, [100 * got.get((d, o, n, c), 0.0) for o in sets], width, label=f"{n} x {c}")
+        ax.axhline(95, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xticks(range(len(sets)))
+        ax.set_xticklabels(sets if ax is axes[-1, 0] else [], rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel(f"{d}: % of the read")
+        ax.set_ylim(0, max(110, 105 * max(got.values())))
+    axes[0, 0].legend(fontsize=7, ncol=len(shapes))
+    fig.suptitle(f"cross-entropy forward with options, ModelNew against the read: {rows[0]['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_kdim(rows, path):
+    """--kdim: each implementation's share of the read of the logits and the targets, per shape and dtype."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    keys = list(dict.fromkeys((tuple(r["shape"]), r["dtype"]) for r in rows))
+    impls = [i for i in ("model_new", "eager", "compile") if any(r["impl"] == i for r in rows)]
+    got = {(tuple(r["shape"]), r["dtype"], r["impl"]): r["fraction_of_floor"] for r in rows}
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(keys)), 4.5))
+    width = 0.8 / len(impls)
+    for j, impl in enumerate(impls):
+        at = [i + (j - (len(impls) - 1) / 2) * width for i in range(len(keys))]
+        ax.bar(at, [100 * got.get((s, d, impl), 0.0) for s, d in keys], width, label=impl)
+    ax.axhline(95, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([f"{' x '.join(map(str, s))}\n{d}" for s, d in keys], fontsize=8)
+    ax.set_ylabel("% of the read (logits and targets)")
+    ax.legend()
+    ax.set_title(f"cross-entropy forward, inputs (N, C, d1, ..., dk): {rows[0]['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def save_plot(draw, rows, path):
+    if can_plot():
+        draw(rows, path)
+    else:
+        print("matplotlib not installed: no plot (run again with --plot-only where it is)")
 
 
 def plot_train(rows, path):
@@ -355,6 +416,10 @@ def main(argv=None):
             rows = json.load(f)
         if args.train:
             plot_train(rows, args.out + ".png")
+        elif args.options:
+            plot_options(rows, args.out + ".png")
+        elif args.kdim:
+            plot_kdim(rows, args.out + ".png")
         else:
             plot(rows, args.out + ".png", "cross-entropy forward, mean reduction")
         return 0
@@ -397,10 +462,8 @@ def main(argv=None):
     print(f"\n{device} | torch {torch.__version__} | KernelBench cuda_event timing, mean of {args.trials}")
     print(table(rows))
     if args.out:
-        if can_plot():
-            plot(rows, args.out + ".png", f"cross-entropy forward, mean reduction: {device}")
-        else:
-            print("matplotlib not installed: no plot (run again with --plot-only where it is)")
+        save_plot(functools.partial(plot, title=f"cross-entropy forward, mean reduction: {device}"), rows,
+                  args.out + ".png")
     return 0
 
 

@@ -4,6 +4,8 @@ import os
 import sys
 import types
 
+import pytest
+
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -85,6 +87,16 @@ def test_the_options_sweep_keeps_each_rows_best_pass_and_every_passs_check(tmp_p
     assert calls == [8192] * 3  # 4 x 5 is under 64 MiB
     (row,) = json.load(open(out + ".json"))
     assert row["mean_ms"] == 1.0 and row["correct"] is False and row["passes"] == 3
+
+
+@pytest.mark.parametrize("kind", ["options", "kdim"])
+def test_the_committed_options_and_kdim_sweeps_redraw(kind, tmp_path):
+    """--plot-only draws each committed sweep's rows (a panel per dtype, or a bar per shape and dtype)."""
+    pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) draws the plots")
+    out = tmp_path / f"h200_{kind}"
+    out.with_suffix(".json").write_text(open(os.path.join(ROOT, "bench", "results", f"h200_{kind}.json")).read())
+    assert sweep.main(["--plot-only", f"--{kind}", "--out", str(out)]) == 0
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_training_sweep_takes_the_shapes_the_targets_name(tmp_path, monkeypatch):
