@@ -32,7 +32,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import crossent  # noqa: E402
 import run_eval  # noqa: E402
-from sweep import can_plot, peak_extra_bytes  # noqa: E402
+from sweep import can_plot, peak_extra_bytes, pyplot  # noqa: E402
 
 # PEERS.md's shapes, and quack's published one (4096 x 4096 x 128256).
 SHAPES = [(8192, 4096, 128256), (8192, 2304, 256000), (16384, 2048, 128256), (4096, 4096, 128256)]
@@ -111,9 +111,7 @@ def shape_rows(n, d, v, trials, chunks=()):
 
 
 def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     keys = list(dict.fromkeys((r["N"], r["D"], r["V"]) for r in rows))
     impls = [i for i in ("crossent", "inplace", "eager") if any(r["impl"] == i for r in rows)]
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 2 * len(keys)), 8))

@@ -289,10 +289,16 @@ def can_plot():
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def plot(rows, path, title):
+def pyplot():
+    """matplotlib's pyplot, drawing to files alone."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+def plot(rows, path, title):
+    plt = pyplot()
     keys = []
     for r in rows:
         if (r["N"], r["C"], r["dtype"]) not in keys:
@@ -314,9 +320,7 @@ def plot(rows, path, title):
 
 def plot_options(rows, path):
     """--options: ModelNew's share of the read per set of options, a panel per dtype, a bar per shape."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     mine = [r for r in rows if r["impl"] == "model_new"]
     dtypes = list(dict.fromkeys(r["dtype"] for r in mine))
     sets = list(dict.fromkeys(r["options"] for r in mine))
@@ -341,9 +345,7 @@ def plot_options(rows, path):
 
 def plot_kdim(rows, path):
     """--kdim: each implementation's share of the read of the logits and the targets, per shape and dtype."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     keys = list(dict.fromkeys((tuple(r["shape"]), r["dtype"]) for r in rows))
     impls = [i for i in ("model_new", "eager", "compile") if any(r["impl"] == i for r in rows)]
     got = {(tuple(r["shape"]), r["dtype"], r["impl"]): r["fraction_of_floor"] for r in rows}
@@ -371,9 +373,7 @@ def save_plot(draw, rows, path):
 
 def plot_train(rows, path):
     """Time over the copy, and extra memory over the logits, per shape and implementation."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     keys = list(dict.fromkeys((r["N"], r["C"], r["dtype"]) for r in rows))
     impls = [i for i in TRAIN_IMPLS if any(r["impl"] == i for r in rows)]
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.3 * len(keys)), 8))
